@@ -1,0 +1,278 @@
+"""GRPO advantages, the BandPO surrogate loss and its diagnostics — shared/PAPER.md §3 as pure tensor code.
+
+The objective (§3), per response token t of a sampled response with group-normalised advantage Â:
+
+    r_t = π_θ(a_t|s_t) / π_old(a_t|s_t)                       (log-ratio clamped to ±20 before exp)
+    ℓ_t = max(−Â·r_t, −Â·clip(r_t, lower_t, upper_t))           (the band [lower, upper] = [r̲(p_t), r̄(p_t)])
+    ℓ_t = min(ℓ_t, −c·Â)            if Â < 0                     (dual clip, c = 10)
+
+`lower`/`upper` are whatever band.ratio_bounds returned for the old log-probs (the canonical clip is the constant band
+[1−ε₋, 1+ε₊]); this file never imports band.py, so the surrogate is written once for every method. The loss is
+aggregated with "seq-mean-token-mean" as in the paper; see `policy_loss` for the normaliser and the gradient-
+accumulation bug it avoids. Also here: the GRPO advantage (unbiased group std, as the authors' recipe), the
+KL-to-reference estimators (k1, k2, k3, low_var_kl), a chunked token log-prob that never holds a second
+full-vocabulary float32 tensor, and the clip diagnostics of the paper's Figure 3, returned as sums/counts.
+
+Deliberate departures from the authors' verl fork:
+- "clipped" counts only the band's clip (r > upper with Â > 0, r < lower with Â < 0 — exactly verl's `pg_clipfrac`
+  for Â ≠ 0); dual-clip activations are counted separately as `clip/frac_dual`. verl's `pg_clipfrac_lower` is the
+  dual-clip rate, not our `clip/frac_lower` (the lower band bound).
+- "seq-mean-token-sum-norm" divides by num_seqs·max_len (Dr. GRPO's 1/G · 1/MAX_TOKENS); verl's mode of that name
+  divides the token sum by the response length only (a constant factor away for a fixed batch size).
+
+Tests: `.venv/bin/python -m pytest tests/test_grpo.py`; memory table: `python benchmarks/bench_logprob_memory.py`.
+"""
+import torch
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOW_P = 0.2                                 # "low-probability token" threshold of the paper's Figure 3b
+P_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)     # old-probability bins of the clip-rate histogram; last bin closed
+
+
+# --- advantages ---
+
+def _grouped(rewards, group_size):
+    rewards = torch.as_tensor(rewards)
+    if group_size < 2:
+        raise ValueError(f"group_size must be >= 2 (a group of one has no baseline), got {group_size}")
+    if rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards must have shape (N*G,) with G={group_size}, got {tuple(rewards.shape)}")
+    if not rewards.is_floating_point():
+        rewards = rewards.double()
+    return rewards.view(-1, group_size)                                      # (N, G)
+
+
+def group_advantages(rewards, group_size, *, norm_by_std=True, eps=1e-6):
+    """Â_i = (R_i − mean_group) / (std_group + eps), groups of `group_size` consecutive responses.
+
+    The std is the unbiased one (torch.std, /(G−1)) as in the authors' verl recipe; `norm_by_std=False` is Dr. GRPO's
+    plain mean-centring. A group whose rewards are all equal carries no learning signal and gets exactly zero
+    advantage (R − mean can round to ±1e-17 otherwise); `group_stats` counts those groups. Returns (N*G,).
+    """
+    r = _grouped(rewards, group_size)                                        # (N, G)
+    adv = r - r.mean(dim=1, keepdim=True)                                    # (N, G)
+    if norm_by_std:
+        adv = adv / (r.std(dim=1, keepdim=True) + eps)                       # unbiased std
+    constant = (r == r[:, :1]).all(dim=1, keepdim=True)                      # (N, 1)
+    return adv.masked_fill(constant, 0.0).reshape(-1)                        # (N*G,)
+
+
+def group_stats(rewards, group_size):
+    """Counts for `adv/zero_group_frac`: {"n_groups", "n_zero_groups"} as float64 0-dim tensors (add over ranks)."""
+    r = _grouped(rewards, group_size)                                        # (N, G)
+    zero = (r == r[:, :1]).all(dim=1)                                        # (N,)
+    return {"n_groups": torch.tensor(float(r.shape[0]), dtype=torch.float64, device=r.device),
+            "n_zero_groups": zero.sum(dtype=torch.float64)}
+
+
+# --- the surrogate loss ---
+
+def policy_loss(logp, old_logp, advantages, mask, lower, upper, *, clip_c=10.0, agg="seq-mean-token-mean",
+                num_tokens=None, num_seqs=None, max_len=None):
+    """The clipped (banded) surrogate of §3, aggregated; returns (loss, metrics).
+
+    logp, old_logp, mask: (B, T); advantages: (B,) or (B, T); lower, upper: (B, T) or anything broadcastable
+    (no gradient flows through them). Masked-out positions must hold finite values (0 is fine).
+    clip_c: the dual-clip constant c (None turns the dual clip off).
+
+    Normalisers. Every mode is   loss = Σ_{i,t} w_i · m_it · ℓ_it / Z   with
+        token-mean               w_i = 1           Z = num_tokens  (all response tokens of the mini-batch; DAPO)
+        seq-mean-token-mean      w_i = 1/|o_i|     Z = num_seqs    (responses with ≥ 1 token; GRPO, the paper)
+        seq-mean-token-sum       w_i = 1           Z = num_seqs
+        seq-mean-token-sum-norm  w_i = 1/max_len   Z = num_seqs    (Dr. GRPO: a constant instead of |o_i|)
+    The paper uses seq-mean-token-mean: every response weighs the same whatever its length, every token 1/|o_i| of
+    its response. A response is never split across micro-batches, so w_i is local; Z is not. Pass the count of the
+    WHOLE mini-batch (all micro-batches, all ranks) as num_tokens / num_seqs, and max_len = the configured maximum
+    response length (a constant; the default, this batch's T, changes with padding). Then the sum of the micro-batch
+    losses over gradient accumulation and ranks is exactly the mini-batch loss, and so is its gradient. The naive
+    way — each micro-batch divides by its own count and the trainer averages over micro-batches (and DDP/FSDP
+    averages over ranks) — weighs a token by 1/(tokens in ITS micro-batch): tokens in micro-batches of short
+    responses count more than tokens next to long ones, a silent bias (the gradient-accumulation bug HF fixed in
+    transformers 4.46, still present in trainers with dynamic batch sizes). FSDP/DDP average gradients over ranks,
+    so the trainer multiplies this loss by the world size (or sums). None = this micro-batch's own count.
+    """
+    if agg not in AGG_MODES:
+        raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
+    m = mask.bool()                                                          # (B, T)
+    mf = m.to(logp.dtype)                                                    # (B, T)
+    adv = advantages.to(logp.dtype)
+    adv = adv.unsqueeze(-1).expand_as(logp) if adv.dim() == 1 else adv      # (B, T)
+    lower = torch.as_tensor(lower, dtype=logp.dtype, device=logp.device).detach()
+    upper = torch.as_tensor(upper, dtype=logp.dtype, device=logp.device).detach()
+
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)                         # (B, T) avoids exp overflow
+    ratio = torch.exp(log_ratio)                                             # (B, T) r
+    pg_unclipped = -adv * ratio                                              # (B, T)
+    pg_clipped = -adv * torch.minimum(torch.maximum(ratio, lower), upper)    # (B, T) tensor-valued clip
+    pg = torch.maximum(pg_unclipped, pg_clipped)                             # (B, T) pessimistic bound
+    if clip_c is not None:                                                   # dual clip: cap the loss of Â < 0
+        pg = torch.where(adv < 0, torch.minimum(pg, -clip_c * adv), pg)      # (B, T)
+
+    seq_tokens = mf.sum(-1)                                                  # (B,) |o_i|
+    seq_sum = (pg * mf).sum(-1)                                              # (B,)
+    if agg == "token-mean":
+        Z = seq_tokens.sum().clamp(min=1) if num_tokens is None else num_tokens
+        loss = seq_sum.sum() / Z
+    else:
+        Z = (seq_tokens > 0).sum().clamp(min=1) if num_seqs is None else num_seqs
+        if agg == "seq-mean-token-mean":
+            per_seq = seq_sum / seq_tokens.clamp(min=1)                      # (B,) empty rows add 0
+        elif agg == "seq-mean-token-sum":
+            per_seq = seq_sum
+        else:
+            per_seq = seq_sum / (logp.shape[-1] if max_len is None else max_len)
+        loss = per_seq.sum() / Z
+
+    with torch.no_grad():
+        metrics = _clip_metrics(ratio, log_ratio, old_logp, adv, m, lower, upper, clip_c)
+    return loss, metrics
+
+
+def _clip_metrics(ratio, log_ratio, old_logp, adv, m, lower, upper, clip_c):
+    """Sums and counts (float64, 0-dim) for finalize_metrics.
+
+    "Clipped" = the band's clip zeroes the token's gradient: r > upper with Â > 0 ("upper"), r < lower with Â < 0
+    ("lower"); strict inequalities, so on-policy tokens (r = 1 inside the band) are never clipped and tokens with
+    Â = 0 never are. Dual-clip activations (Â < 0, r > c) are counted apart, in n_dual.
+    """
+    f64 = torch.float64
+    count = lambda c: (c & m).sum(dtype=f64)                                 # noqa: E731
+    masked_sum = lambda x: torch.where(m, x, 0).sum(dtype=f64)               # noqa: E731
+    upper_clip = (adv > 0) & (ratio > upper)                                 # (B, T)
+    lower_clip = (adv < 0) & (ratio < lower)                                 # (B, T)
+    clipped = upper_clip | lower_clip                                        # (B, T)
+    p = old_logp.exp()                                                       # (B, T) old probability
+    low_p = p < LOW_P                                                        # (B, T)
+    s = {
+        "n_tokens": count(torch.ones_like(m)), "n_pos_adv": count(adv > 0), "n_neg_adv": count(adv < 0),
+        "n_upper": count(upper_clip), "n_lower": count(lower_clip),
+        "n_dual": count((adv < 0) & (ratio > clip_c)) if clip_c is not None else count(torch.zeros_like(m)),
+        "n_low_p": count(low_p), "n_low_p_upper": count(low_p & upper_clip),
+        "sum_lower": masked_sum(lower.expand_as(ratio)), "sum_upper": masked_sum(upper.expand_as(ratio)),
+        "sum_ratio": masked_sum(ratio),
+        "sum_k1": masked_sum(-log_ratio),                                    # KL(old‖new) estimators, x ~ π_old
+        "sum_k3": masked_sum(ratio - 1 - log_ratio),                         # = f_KL(r) of Band-KL
+    }
+    for k, (lo, hi) in enumerate(zip(P_BINS[:-1], P_BINS[1:])):
+        in_bin = (p >= lo) & ((p < hi) if k < len(P_BINS) - 2 else (p <= hi))
+        s[f"n_bin{k}"], s[f"n_bin{k}_clipped"] = count(in_bin), count(in_bin & clipped)
+    return s
+
+
+def finalize_metrics(sums):
+    """Turn summed (over micro-batches, all-reduced over ranks) sums/counts into rates; {key: float}.
+
+    Only the keys whose inputs are present are produced (group stats and loss sums may come separately).
+    A rate with an empty denominator (e.g. no clipped token yet, on the first mini-batch) is reported as 0.0.
+    """
+    v = {k: float(x) for k, x in sums.items()}
+    rate = lambda a, b: v[a] / v[b] if v[b] else 0.0                         # noqa: E731
+    out = {}
+    if "n_groups" in v:
+        out["adv/zero_group_frac"] = rate("n_zero_groups", "n_groups")
+    if "n_tokens" not in v:
+        return out
+    v["n_clipped"] = v["n_upper"] + v["n_lower"]
+    out.update({
+        "clip/frac": rate("n_clipped", "n_tokens"),
+        "clip/frac_upper": rate("n_upper", "n_tokens"),
+        "clip/frac_lower": rate("n_lower", "n_tokens"),
+        "clip/frac_dual": rate("n_dual", "n_tokens"),
+        "clip/frac_pos_adv": rate("n_upper", "n_pos_adv"),                   # Â > 0 tokens can only clip above
+        "clip/frac_neg_adv": rate("n_lower", "n_neg_adv"),
+        "clip/low_p_upper_rate": rate("n_low_p_upper", "n_low_p"),           # Figure 3b: p < 0.2 clipped high
+        "clip/low_p_share_of_clipped": rate("n_low_p_upper", "n_clipped"),
+        "clip/low_p_share_of_upper": rate("n_low_p_upper", "n_upper"),
+    })
+    for k, (lo, hi) in enumerate(zip(P_BINS[:-1], P_BINS[1:])):
+        out[f"clip/frac_p{lo:.1f}-{hi:.1f}"] = rate(f"n_bin{k}_clipped", f"n_bin{k}")
+    out.update({
+        "band/lower_mean": rate("sum_lower", "n_tokens"), "band/upper_mean": rate("sum_upper", "n_tokens"),
+        "ratio/mean": rate("sum_ratio", "n_tokens"),
+        "kl/old_new_k1": rate("sum_k1", "n_tokens"), "kl/old_new_k3": rate("sum_k3", "n_tokens"),
+    })
+    return out
+
+
+# --- KL to the reference policy ---
+
+def kl_penalty(logp, ref_logp, kind):
+    """Per-token estimate of KL(π_θ ‖ π_ref) from tokens sampled by the policy (Schulman's k1, k2, k3), (B, T).
+
+    k1 = log π/π_ref (unbiased, high variance); k2 = ½(log π/π_ref)² (biased, low variance);
+    k3 = π_ref/π − 1 − log(π_ref/π) (unbiased, ≥ 0); low_var_kl = k3 with the log-ratio clamped to ±20 and the
+    result to ±10, as verl's `kl_penalty(..., "low_var_kl")` that the paper uses (coefficient 0.001).
+    """
+    log_ratio = logp - ref_logp                                              # (B, T) log π/π_ref
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio.square()
+    if kind == "k3":
+        return torch.expm1(-log_ratio) + log_ratio
+    if kind == "low_var_kl":
+        kl = (-log_ratio).clamp(-20.0, 20.0)                                 # log π_ref/π
+        return (kl.exp() - kl - 1).clamp(-10.0, 10.0)
+    raise ValueError(f"kind must be one of k1, k2, k3, low_var_kl, got {kind!r}")
+
+
+# --- token log-probs and entropy ---
+
+def entropy_from_logits(logits):
+    """H = logsumexp(z) − Σ softmax(z)·z over the last dim, in float32 (the plain reference; full-size temporaries)."""
+    z = logits.float() if logits.dtype != torch.float64 else logits
+    return torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
+
+
+class _TokenLogprob(torch.autograd.Function):
+    """log softmax(z)[target] over chunks of positions. Saves only the caller's logits (no copy), the log-normaliser
+    and the targets; the backward rebuilds softmax chunk by chunk and writes the gradient in the logits' dtype."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, chunk_size, with_entropy):             # logits (B, T, V), targets (B, T)
+        cdtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        B, T, _ = logits.shape
+        logp = torch.empty(B, T, dtype=cdtype, device=logits.device)         # (B, T)
+        lse = torch.empty_like(logp)                                         # (B, T)
+        ent = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
+        for s in range(0, T, chunk_size):
+            z = logits[:, s:s + chunk_size].to(cdtype)                       # (B, c, V) the only fp32 vocab tensor
+            lse[:, s:s + chunk_size] = lse_c = torch.logsumexp(z, -1)        # (B, c)
+            logp[:, s:s + chunk_size] = z.gather(-1, targets[:, s:s + chunk_size, None]).squeeze(-1) - lse_c
+            if with_entropy:
+                ent[:, s:s + chunk_size] = lse_c - (torch.exp(z - lse_c[..., None]) * z).sum(-1)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.chunk_size = chunk_size
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_ent):                                 # grad_logp (B, T)
+        logits, targets, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)                                      # (B, T, V) in the logits' dtype
+        c = ctx.chunk_size
+        for s in range(0, logits.shape[1], c):
+            g = grad_logp[:, s:s + c, None].to(lse.dtype)                    # (B, c, 1)
+            d = logits[:, s:s + c].to(lse.dtype, copy=True)                  # (B, c, V) the one fp32 chunk
+            d.sub_(lse[:, s:s + c, None]).exp_().mul_(-g)                    # −g·softmax, in place
+            d.scatter_add_(-1, targets[:, s:s + c, None], g)                 # + g at the target
+            grad[:, s:s + c] = d
+        return grad, None, None, None
+
+
+def token_logprobs(logits, targets, *, chunk_size=128, with_entropy=False):
+    """log π(target) from logits (B, T, V) of any float dtype -> (B, T) float32 (float64 for float64 logits).
+
+    Differentiable w.r.t. logits. The naive `logits.float().log_softmax(-1).gather(...)` holds a float32 copy of the
+    logits and keeps the float32 log_softmax for backward (≥ 8 bytes per logit on top of the bf16 logits); here only a
+    (B, chunk_size, V) float32 chunk exists at a time, forward and backward, and the gradient is written straight in the
+    logits' dtype. benchmarks/bench_logprob_memory.py measures the peak on CPU at (8, 1024, V ≤ 32768) bf16 and
+    extrapolates linearly in V to (8, 1024, 151936) (Qwen2.5's vocabulary; the bf16 logits alone are 2.49 GB):
+      naive   forward 9.96 GB extra, forward+backward 12.45 GB extra (incl. the 2.49 GB bf16 gradient)
+      chunked forward 0.02 GB extra, forward+backward  2.51 GB extra (the bf16 gradient + one 0.62 GB chunk)
+    (chunk_size 128; extra = peak minus the logits themselves). `with_entropy=True` also returns the entropy (B, T),
+    computed in the same pass, without gradient (a diagnostic; the paper has no entropy bonus). `chunk_size` is in
+    sequence positions: the float32 chunk has B·chunk_size·V elements.
+    """
+    logp, ent = _TokenLogprob.apply(logits, targets.long(), int(chunk_size), bool(with_entropy))
+    return (logp, ent) if with_entropy else logp
