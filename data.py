@@ -1,16 +1,42 @@
 """Prompt data: (chat messages, reference answer) records for training and evaluation.
 
 A record is a plain dict ``{"messages": [{"role": "user", "content": ...}], "answer": "..."}``; the trainer applies
-the tokenizer's chat template to ``messages`` and the reward (reward.py) compares the completion's final answer
-with ``answer``. The paper (shared/PAPER.md §4) trains on DAPO-Math-17k + MATH levels 3-5 with the DAPO prompt,
-which asks for a final line ``Answer: $Answer``.
+the tokenizer's chat template to ``messages`` (`tokenize_prompts`) and the reward (reward.py) compares the
+completion's final answer with ``answer``. The paper (shared/PAPER.md §4) trains on DAPO-Math-17k (processed) + MATH
+levels 3-5 and evaluates on AIME 2024, AIME 2025 and AMC 2023, all with the DAPO prompt (`DAPO_TEMPLATE`), which
+asks for a final line ``Answer: $Answer``.
+
+`load(name_or_path, split=, n=, seed=)` reads, by name:
+
+    name           Hub id (config)                              split used       problem / answer columns
+    dapo-math-17k  open-r1/DAPO-Math-17k-Processed (all)        train            prompt / solution
+    math-l3to5     DigitalLearningGmbH/MATH-lighteval (default) train, test      problem / last \boxed{} of solution,
+                                                                                 rows with level "Level 3".."Level 5"
+    gsm8k          openai/gsm8k (main)                          train, test      question / answer after "####"
+    math500        HuggingFaceH4/MATH-500                       test             problem / answer
+    aime24         HuggingFaceH4/aime_2024                      train (= all 30) problem / answer
+    aime25         math-ai/aime25                               test (= all 30)  problem / answer
+    amc23          math-ai/amc23                                test (= all 40)  question / answer (a number)
+    arithmetic[:levels]   the synthetic task below, e.g. "arithmetic:1,2"
+
+The evaluation-only sets have a single Hub split, returned for any `split`. A local .parquet / .jsonl / .json file
+with one of these schemas, or the verl schema the authors' parquet files use (``prompt`` = chat messages,
+``reward_model.ground_truth``), loads by path; a DAPO instruction already inside a prompt is stripped before
+`DAPO_TEMPLATE` is applied, so it is never doubled. The Hub path is the same code with a different source: through
+`datasets.load_dataset` when it is installed, else the matching files of a `huggingface_hub` snapshot, else a
+local mirror `data_dir/<hub id>/<same layout>` (how the tests run: tests/fixtures/hub). Bad rows raise ValueError
+naming the file and the row (0-based); an unknown name raises ValueError listing the known ones.
 
 The synthetic arithmetic task below is the embedded default: it needs no network, is unlimited and seeded, and its
 answers use the same ``Answer: ...`` final-answer format, so the same reward code scores it.
 
     python data.py                      # print a few synthetic examples of each level
+    python data.py aime24 --data-dir tests/fixtures/hub     # print the records of a set
 """
 
+import fnmatch
+import json
+import os
 import random
 import zlib
 
@@ -67,11 +93,226 @@ def arithmetic_response(answer):
     return f"Answer: {answer}"
 
 
+# --- the paper's math sets ---------------------------------------------------------------------------------------
+# The DAPO prompt, as in DAPO-Math-17k's own prompts and verl's DAPO recipe.
+DAPO_TEMPLATE = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{problem}\n\n"
+    'Remember to put your answer on its own line after "Answer:".'
+)
+_DAPO_PREFIX, _DAPO_SUFFIX = DAPO_TEMPLATE.split("{problem}")
+ARITHMETIC_DEFAULT_N = 1000  # records of the synthetic task when `n` is None (the task is unlimited)
+
+# name -> (Hub id, config, {our split: Hub split}, file pattern of that split in the Hub repo, row filter)
+HUB = {
+    "dapo-math-17k": ("open-r1/DAPO-Math-17k-Processed", "all", {"train": "train"}, "all/{split}-*.parquet", None),
+    "math-l3to5": ("DigitalLearningGmbH/MATH-lighteval", "default", {"train": "train", "test": "test"},
+                   "data/{split}-*.parquet", "levels 3-5"),
+    "gsm8k": ("openai/gsm8k", "main", {"train": "train", "test": "test"}, "main/{split}-*.parquet", None),
+    "math500": ("HuggingFaceH4/MATH-500", None, {"train": "test", "test": "test"}, "{split}.jsonl", None),
+    "aime24": ("HuggingFaceH4/aime_2024", None, {"train": "train", "test": "train"}, "data/{split}-*.parquet", None),
+    "aime25": ("math-ai/aime25", None, {"train": "test", "test": "test"}, "{split}.jsonl", None),
+    "amc23": ("math-ai/amc23", None, {"train": "test", "test": "test"}, "*{split}-*.parquet", None),
+}
+KNOWN = ["arithmetic"] + sorted(HUB)
+
+
+def _read_file(path):
+    """Rows of a local .parquet / .jsonl / .json file as dicts."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    with open(path, encoding="utf-8") as f:
+        if path.endswith(".json"):
+            rows = json.load(f)
+            if not isinstance(rows, list):
+                raise ValueError(f"{path}: expected a JSON list of rows, got {type(rows).__name__}")
+            return rows
+        rows = []
+        for i, line in enumerate(f):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}: row {len(rows)} (line {i + 1}) is not valid JSON: {e}") from None
+        return rows
+
+
+def _hub_rows(name, split, data_dir):
+    """[(row, source, index)] of a named set: `datasets`, else a huggingface_hub snapshot, else the local mirror data_dir."""
+    repo, config, splits, pattern, _ = HUB[name]
+    if split not in splits:
+        raise ValueError(f"{name} has no {split!r} split; it has {sorted(splits)}")
+    hub_split = splits[split]
+    if data_dir is None:
+        try:
+            import datasets
+        except ImportError:
+            pass
+        else:
+            ds = datasets.load_dataset(repo, config, split=hub_split)
+            return [(dict(r), f"{repo} [{hub_split}]", i) for i, r in enumerate(ds)]
+        try:
+            from huggingface_hub import snapshot_download
+        except ImportError:
+            raise RuntimeError(f"loading {name!r} from the Hugging Face Hub needs `pip install datasets` (or "
+                               f"huggingface_hub); or pass data_dir= a local mirror, or the path of a .parquet/.jsonl "
+                               f"file with the same columns") from None
+        try:
+            root = snapshot_download(repo, repo_type="dataset", allow_patterns=[pattern.format(split=hub_split)])
+        except Exception as e:  # noqa: BLE001  (no network, gated repo, ...: say what to do instead)
+            raise RuntimeError(f"could not download {repo} from the Hub ({type(e).__name__}: {e}); download it "
+                               f"elsewhere and pass data_dir=, or pass a local file path") from e
+    else:
+        root = os.path.join(data_dir, repo)
+    wanted = pattern.format(split=hub_split)
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
+                   if fnmatch.fnmatch(os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/"), wanted))
+    if not files:
+        raise FileNotFoundError(f"no file matching {wanted!r} under {root} (the {split} split of {name})")
+    rows = []
+    for path in files:
+        rows.extend((r, path, i) for i, r in enumerate(_read_file(path)))
+    return rows
+
+
+def _strip_dapo(text):
+    """The bare problem of a prompt that already carries the DAPO instruction (verl / original DAPO-Math-17k)."""
+    text = text.strip()
+    if text.startswith(_DAPO_PREFIX.strip()):
+        text = text[len(_DAPO_PREFIX.strip()):]
+    if text.rstrip().endswith(_DAPO_SUFFIX.strip()):
+        text = text.rstrip()[:-len(_DAPO_SUFFIX.strip())]
+    return text.strip()
+
+
+def _last_boxed(text):
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1:j]
+    return None
+
+
+def _as_answer(value):
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # AMC answers are stored as floats: 27.0 -> "27"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value.strip() if isinstance(value, str) else None
+
+
+def _record(row, where, template):
+    """One source row (any of the supported schemas) -> a record; ValueError naming `where` on a bad row."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a row object, got {type(row).__name__}")
+    lower = {k.lower(): v for k, v in row.items()}  # Maxwell-Jia/AIME_2024 style "Problem"/"Answer" too
+    key = next((k for k in ("problem", "question", "prompt") if k in lower), None)
+    if key is None:
+        raise ValueError(f"{where}: no problem/question/prompt column (columns: {sorted(row)})")
+    problem = lower[key]
+    if key == "prompt" and isinstance(problem, list):  # verl schema: chat messages, the user turn holds the problem
+        users = [m.get("content") for m in problem if isinstance(m, dict) and m.get("role") == "user"]
+        problem = users[-1] if users else None
+    if not isinstance(problem, str) or not problem.strip():
+        raise ValueError(f"{where}: {key} is not a non-empty string (got {type(problem).__name__})")
+    problem = _strip_dapo(problem)
+
+    answer = None
+    if "answer" in lower:
+        answer = _as_answer(lower["answer"])
+        if answer is not None and "####" in answer:  # GSM8K: the worked solution ends with "#### 72"
+            answer = answer.rsplit("####", 1)[1].strip().replace(",", "")
+    elif isinstance(lower.get("reward_model"), dict):
+        answer = _as_answer(lower["reward_model"].get("ground_truth"))
+    elif "final_answer" in lower:
+        answer = _as_answer(lower["final_answer"])
+    elif "solution" in lower:
+        answer = _as_answer(lower["solution"])
+        if answer is not None and "\\boxed{" in answer:  # MATH: the answer is the last box of the solution
+            answer = _last_boxed(answer)
+    if not answer:
+        raise ValueError(f"{where}: missing answer (columns: {sorted(row)})")
+    content = problem if template is None else template.replace("{problem}", problem)
+    return {"messages": [{"role": "user", "content": content}], "answer": answer}
+
+
+def _keep(row, rule):
+    if rule != "levels 3-5":
+        return True
+    level = str(row.get("level", "")).replace("Level", "").strip()
+    return level in ("3", "4", "5")
+
+
+def load(name_or_path, *, split="train", n=None, seed=0, data_dir=None, template=DAPO_TEMPLATE):
+    """Records of a named set (see the module docstring) or of a local .parquet/.jsonl/.json file.
+
+    n: a seeded random subset of n rows (file order kept), all rows when None or n >= len; for "arithmetic" the
+    number of generated problems (ARITHMETIC_DEFAULT_N when None). template: "{problem}" is replaced by the problem;
+    None keeps the bare problem. data_dir: read named sets from a local mirror of their Hub repos instead.
+    """
+    name = str(name_or_path)
+    if name == "arithmetic" or name.startswith("arithmetic:"):
+        levels = tuple(int(x) for x in name.partition(":")[2].split(",") if x) or (1, 2, 3)
+        return arithmetic(ARITHMETIC_DEFAULT_N if n is None else n, split=split, levels=levels, seed=seed)
+    if name in HUB:
+        rows = _hub_rows(name, split, data_dir)
+        rule = HUB[name][4]
+    elif os.path.isfile(name) and name.endswith((".parquet", ".jsonl", ".json")):
+        rows, rule = [(r, name, i) for i, r in enumerate(_read_file(name))], None
+    else:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(KNOWN)} (arithmetic takes levels, e.g. "
+                         f"'arithmetic:1,2'), or the path of a local .parquet/.jsonl/.json file")
+    records = [_record(r, f"{path}: row {i}", template) for r, path, i in rows if _keep(r, rule)]
+    if n is not None and n < len(records):
+        records = [records[i] for i in sorted(random.Random(seed).sample(range(len(records)), n))]
+    return records
+
+
+def tokenize_prompts(records, tokenizer, max_prompt_len):
+    """(prompt_ids, kept, n_dropped): the chat template applied (add_generation_prompt=True), too-long prompts dropped.
+
+    The template is rendered to text and then encoded without special tokens: the template already places them
+    (BOS, role markers), and this also sidesteps transformers 5's `apply_chat_template(tokenize=True)` returning a
+    BatchEncoding instead of a list.
+    """
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("the tokenizer has no chat template; give it one (tokenizer.chat_template = ...)")
+    texts = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
+             for r in records]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    prompt_ids, kept = [], []
+    for r, x in zip(records, ids):
+        if len(x) <= max_prompt_len:
+            prompt_ids.append(list(x))
+            kept.append(r)
+    return prompt_ids, kept, len(records) - len(kept)
+
+
 def main():
-    for level in LEVELS:
-        rng = random.Random(0)
-        print(level, [arithmetic_problem(rng, level) for _ in range(4)])
-    print(arithmetic(3, split="test"))
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Print records of a prompt set.")
+    parser.add_argument("name", nargs="?", default=None, help=f"one of {KNOWN} or a local file (default: demo)")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--n", type=int, default=3)
+    parser.add_argument("--data-dir", default=None, help="local mirror of the Hub repos")
+    args = parser.parse_args()
+    if args.name is None:
+        for level in LEVELS:
+            rng = random.Random(0)
+            print(level, [arithmetic_problem(rng, level) for _ in range(4)])
+        print(arithmetic(3, split="test"))
+        return
+    for r in load(args.name, split=args.split, n=args.n, data_dir=args.data_dir):
+        print(json.dumps(r, ensure_ascii=False, indent=1))
 
 
 if __name__ == "__main__":

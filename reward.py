@@ -1,0 +1,458 @@
+"""Math reward: is the completion's final answer equal to the reference? (shared/PAPER.md §4)
+
+Two scorers, one batch entry point:
+
+- `is_correct(response, answer)`: the final answer is the last `Answer:` line (the DAPO prompt's format) or the last
+  `\\boxed{...}` (nested braces), whichever comes last; it is compared with the reference through math-verify
+  (1/2 = 0.5 = \\dfrac12, 10\\% = 0.1, 2\\sqrt3 = \\sqrt{12}, intervals, tuples, sets, symbolic equality).
+- `dapo_score(response, answer)`: the paper's own reward, reproduced: the last `Answer:` line within the final 300
+  characters, Minerva normalisation (Lewkowycz et al. 2022, App. D, as in lm-eval-harness' hendrycks_math), exact
+  string match, +1 / -1. This mirrors verl's `verl/utils/reward_score/math_dapo.py::compute_score` (the reward of
+  the DAPO recipe the authors' verl fork trains with); `_minerva_normalize` follows its `normalize_final_answer`.
+- `score_batch(responses, answers, correct=, incorrect=, missing=, scorer=)`: the reward map used by train.py and
+  eval.py; `missing` is the optional format penalty for a completion with no final answer.
+
+Departure from the authors' code: `is_correct` is more lenient than the paper's exact match (boxed answers and
+equivalent forms count). Use `scorer="dapo"` to train with the paper's rule exactly.
+
+Never raises, never hangs (each call returns within `ITEM_TIMEOUT_S` + a worker restart, < 3 s, ms typically):
+  1. Extraction is linear: one regex pass over the text matches braces with a stack, so 1 MB or 20,000 unbalanced
+     `\\boxed{` cost milliseconds, not a quadratic rescan. Extracted answers longer than MAX_ANSWER_CHARS are only
+     string-compared.
+  2. Fast exact paths in this process: equal after formatting-only normalisation -> correct; two plain numbers
+     (integers, a/b, \\frac{a}{b}, decimals) are compared exactly with `fractions.Fraction` (integers and
+     fractions both ways; decimals only when equal, otherwise math-verify decides its rounding rule). Typical
+     AIME/AMC/DAPO answers are integers and never leave this process.
+  3. Everything else goes to math-verify in a small pool of worker *subprocesses* (`python reward.py --worker`,
+     one JSON line per request). math-verify's own timeouts use SIGALRM, which only works in a main thread: in a
+     worker it always is one, so its 1 s parse/verify alarms stop most runaway sympy work. What SIGALRM cannot
+     stop (C-level big-integer arithmetic such as 9^{9^{9^{9}}}), the parent stops: it waits on the pipe with
+     `select` for at most ITEM_TIMEOUT_S, then kills the worker, counts the answer as incorrect and starts a
+     replacement. The parent never calls math-verify nor uses signals, so every function here is safe from any
+     thread (the pool is shared under a lock) and from processes forked later (the pool is rebuilt per pid).
+     Fresh interpreters rather than fork(): forking a trainer that runs CUDA/vLLM/OpenMP threads can deadlock.
+  If no worker can be started, the fast paths' verdict is used alone and a warning is logged once.
+
+    python reward.py 'so the total is \\boxed{\\dfrac{1}{2}}' '0.5'      # prints both scorers' verdicts
+"""
+
+import atexit
+import json
+import logging
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+
+log = logging.getLogger("reward")
+
+MAX_ANSWER_CHARS = 1000   # longer extracted answers (or references) are compared as strings only
+ITEM_TIMEOUT_S = 1.5      # hard deadline of one math-verify check in a worker (its own alarms fire at 1 s)
+START_TIMEOUT_S = 20.0    # a worker that has not imported math-verify by then is declared broken
+NUM_WORKERS = int(os.environ.get("BANDPO_REWARD_WORKERS", min(4, os.cpu_count() or 1)))
+STATS = {"timeouts": 0, "restarts": 0, "fallbacks": 0}  # diagnostics, e.g. for a metrics line
+
+# --- final-answer extraction -------------------------------------------------------------------------------------
+_BRACES = re.compile(r"\\(?:boxed|fbox)\s*\{|[{}]")
+_ANSWER_LINE = re.compile(r"(?i)answer[ \t*]*:([^\n]*)")  # "Answer: 5", "**Final Answer:** 5", "answer : 5"
+_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+
+
+def _last_box(text):
+    """(start, end, content) of the last complete \\boxed{...}/\\fbox{...} in one pass, or None."""
+    stack, last = [], None  # stack holds (is_box, start of the command, index after its "{")
+    for m in _BRACES.finditer(text):
+        tok = m.group()
+        if tok != "}":
+            stack.append((tok != "{", m.start(), m.end()))
+        elif stack:
+            is_box, start, inner = stack.pop()
+            if is_box and (last is None or start > last[0]):
+                last = (start, m.end(), text[inner:m.start()])
+    return last
+
+
+def _clean(s):
+    """Strip what surrounds an answer: spaces, markdown bold, math delimiters, a final period."""
+    s = s.strip().strip("*`").strip().rstrip(".").strip()
+    for a, b in _DELIMITERS:
+        if len(s) >= len(a) + len(b) and s.startswith(a) and s.endswith(b):
+            s = s[len(a):len(s) - len(b)].strip().rstrip(".").strip()
+            break
+    return s
+
+
+def extract_answer(response):
+    """The final answer of `response` as a string, or None when it has none.
+
+    The last `Answer:` line or the last `\\boxed{}`, whichever starts later; a box inside that last answer line
+    wins (``Answer: $\\boxed{5}$`` -> "5"). An unbalanced last box is skipped in favour of the last complete one.
+    """
+    if not isinstance(response, str):
+        return None
+    box, line = _last_box(response), None
+    for line in _ANSWER_LINE.finditer(response):
+        pass
+    if line is not None and (box is None or box[0] < line.start()):
+        return _clean(line.group(1)) or None  # the last answer line starts after the last box
+    if box is not None:
+        return _clean(box[2]) or None  # the last box comes later, or sits on the last answer line
+    return None
+
+
+# --- fast exact paths (no sympy) ---------------------------------------------------------------------------------
+_FORMATTING = re.compile(r"\\[!,;: ]|\\left|\\right|\s+|\$")
+_INTEGER_PART = r"([+-]?)(\d{1,3}(?:,\d{3})+|\d{1,100})"
+_DECIMAL = re.compile(rf"^{_INTEGER_PART}(?:\.(\d{{1,100}}))?$")
+_FRACTION = re.compile(r"^([+-]?)(?:\\frac\{(\d{1,100})\}\{(\d{1,100})\}|(\d{1,100})/(\d{1,100}))$")
+
+
+def _normalize(s):
+    """Formatting-only normalisation: equal results mean the same mathematical text."""
+    s = _FORMATTING.sub("", s).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    return s.rstrip(".")
+
+
+def _number(s):
+    """(Fraction, is_decimal) for a plain number written as n, 1,234, -3.25, a/b or \\frac{a}{b}; else None."""
+    m = _DECIMAL.match(s)
+    if m:
+        sign, whole, frac = m.groups()
+        value = Fraction(int(whole.replace(",", "") + (frac or "")), 10 ** len(frac or ""))
+        return (-value if sign == "-" else value), frac is not None
+    m = _FRACTION.match(s)
+    if m:
+        sign, a, b, c, d = m.groups()
+        num, den = int(a or c), int(b or d)
+        if den == 0:
+            return None
+        return (-Fraction(num, den) if sign == "-" else Fraction(num, den)), False
+    return None
+
+
+def _quick_verdict(pred, gold):
+    """True/False when decidable without sympy, None when math-verify must decide."""
+    p, g = _normalize(pred), _normalize(gold)
+    if p and p == g:
+        return True
+    np_, ng = _number(p), _number(g)
+    if np_ is not None and ng is not None:
+        if np_[0] == ng[0]:
+            return True
+        if not (np_[1] or ng[1]):
+            return False  # integers and fractions are exact; math-verify's rounding only concerns decimals
+    if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
+        return False
+    return None
+
+
+# --- math-verify, in worker processes ----------------------------------------------------------------------------
+def _as_latex(s):
+    """math-verify reads delimited LaTeX; a bare answer is wrapped in \\boxed{} so that all of it is parsed."""
+    return s if any(d in s for d in ("$", "\\(", "\\[", "\\boxed")) else "\\boxed{" + s + "}"
+
+
+def _math_verify(pred, gold, seconds=1):
+    """The math-verify comparison itself; SIGALRM timeouts, so only call it from a main thread."""
+    from math_verify import parse, verify
+
+    g = parse(_as_latex(gold), parsing_timeout=seconds)
+    p = parse(_as_latex(pred), parsing_timeout=seconds)
+    return bool(g) and bool(p) and bool(verify(g, p, timeout_seconds=seconds))
+
+
+def _serve():
+    """Worker main loop: one JSON request [pred, gold] per stdin line, one JSON verdict per stdout line."""
+    logging.disable(logging.WARNING)  # math-verify logs every timeout; the parent counts them instead
+    import math_verify  # noqa: F401  (import before announcing readiness)
+
+    out = sys.stdout
+    out.write('"ready"\n')
+    out.flush()
+    for line in sys.stdin:
+        try:
+            pred, gold = json.loads(line)
+            verdict = _math_verify(pred, gold)
+        except BaseException:  # noqa: BLE001  (a bad item must not kill the worker)
+            verdict = False
+        out.write("true\n" if verdict else "false\n")
+        out.flush()
+
+
+class _Worker:
+    """One `python reward.py --worker` subprocess, read through a raw fd so that `select` sees every byte."""
+
+    def __init__(self):
+        self.proc, self.buf, self.ready = None, b"", False
+        self.start()
+
+    def start(self):
+        self.buf, self.ready = b"", False
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-u", os.path.abspath(__file__), "--worker"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)  # no Ctrl-C tracebacks
+        except OSError as e:
+            log.warning("reward: cannot start a math-verify worker: %s", e)
+            self.proc = None
+
+    def kill(self):
+        if self.proc is not None:
+            try:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+                self.proc.stdin.close()
+                self.proc.stdout.close()
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.proc = None
+
+    def _readline(self, timeout):
+        """Next line from the worker, or None on timeout / exit. Never blocks longer than `timeout`."""
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buf:
+            left = max(0.0, deadline - time.monotonic())
+            if not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+    def wait_ready(self, timeout):
+        if not self.ready and self.proc is not None:
+            self.ready = self._readline(timeout) == b'"ready"'
+        return self.ready
+
+    def check(self, pred, gold):
+        """math-verify's verdict, False when it overran ITEM_TIMEOUT_S, None when the worker is unusable."""
+        if not self.wait_ready(START_TIMEOUT_S):
+            return None
+        try:
+            self.proc.stdin.write((json.dumps([pred, gold]) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            reply = None
+        else:
+            reply = self._readline(ITEM_TIMEOUT_S)
+        if reply in (b"true", b"false"):
+            return reply == b"true"
+        STATS["timeouts"] += 1  # hung (or crashed) on this item: replace the worker, count the answer wrong
+        STATS["restarts"] += 1
+        self.kill()
+        self.start()
+        return False
+
+
+class _Pool:
+    def __init__(self, size):
+        self.pid, self.broken = os.getpid(), False
+        self.idle = [_Worker() for _ in range(max(1, size))]
+        self.size = len(self.idle)
+        self.cond = threading.Condition()
+
+    def _acquire(self):
+        with self.cond:
+            while not self.idle:
+                self.cond.wait()
+            for i, w in enumerate(self.idle):  # prefer a worker that is already up (e.g. not just restarted)
+                if w.ready or (w.proc is not None and w.wait_ready(0)):
+                    return self.idle.pop(i)
+            return self.idle.pop(0)
+
+    def check(self, pred, gold):
+        w = self._acquire()
+        try:
+            verdict = w.check(pred, gold)
+            if verdict is None:  # could not start: one retry with a fresh process, then give up for good
+                w.kill()
+                w.start()
+                verdict = w.check(pred, gold)
+                if verdict is None:
+                    self.broken = True
+            return verdict
+        finally:
+            with self.cond:
+                self.idle.append(w)
+                self.cond.notify()
+
+    def close(self):
+        if self.pid == os.getpid():
+            for w in self.idle:
+                w.kill()
+
+
+_POOL, _POOL_LOCK, _CACHE, _WARNED = None, threading.Lock(), {}, []
+
+
+def _pool():
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL.pid != os.getpid():  # fork()ed children build their own workers
+            _POOL = _Pool(NUM_WORKERS)
+            atexit.register(_POOL.close)
+        return _POOL
+
+
+def _slow_verdict(pred, gold):
+    key = (pred, gold)
+    if key in _CACHE:
+        return _CACHE[key]
+    pool = _pool()
+    verdict = None if pool.broken else pool.check(pred, gold)
+    if verdict is None:
+        STATS["fallbacks"] += 1
+        if not _WARNED:
+            _WARNED.append(True)
+            log.warning("reward: math-verify workers unavailable; only exact/numeric matches count as correct")
+        return False
+    if len(_CACHE) > 200_000:
+        _CACHE.clear()
+    _CACHE[key] = verdict  # timeouts are cached too: a pathological pair would hang again
+    return verdict
+
+
+def _verdict(pred, gold):
+    quick = _quick_verdict(pred, gold)
+    return quick if quick is not None else _slow_verdict(pred, gold)
+
+
+def _reference(answer):
+    """The reference answer as a clean string (a reference may itself be boxed or $-delimited)."""
+    if not isinstance(answer, str):
+        answer = "" if answer is None else str(answer)
+    if len(answer) <= 10 * MAX_ANSWER_CHARS and ("\\boxed" in answer or "\\fbox" in answer):
+        box = _last_box(answer)
+        if box is not None:
+            return _clean(box[2])
+    return _clean(answer)
+
+
+# --- public API --------------------------------------------------------------------------------------------------
+def is_correct(response, answer):
+    """Whether the final answer of `response` equals the reference `answer` (math-verify equivalence)."""
+    try:
+        pred, gold = extract_answer(response), _reference(answer)
+        return bool(pred) and bool(gold) and _verdict(pred, gold)
+    except Exception:  # noqa: BLE001  (contract: never raises)
+        log.debug("is_correct failed", exc_info=True)
+        return False
+
+
+def score_batch(responses, answers, *, correct=1.0, incorrect=0.0, missing=None, scorer="math-verify"):
+    """Rewards for a batch: `correct` / `incorrect`, or `missing` (None = `incorrect`) when there is no final answer.
+
+    scorer "math-verify" uses `is_correct`'s rule, "dapo" the paper's exact-match rule (`dapo_score`). Distinct
+    (answer, reference) pairs that need math-verify are checked once each, in parallel over the worker pool.
+    Raises ValueError only for a caller error (unknown scorer, lengths that differ), never for any text.
+    """
+    responses, answers = list(responses), list(answers)
+    if len(responses) != len(answers):
+        raise ValueError(f"score_batch: {len(responses)} responses but {len(answers)} answers")
+    if scorer not in ("math-verify", "dapo"):
+        raise ValueError(f"unknown scorer {scorer!r}; expected 'math-verify' or 'dapo'")
+    miss = incorrect if missing is None else missing
+    if scorer == "dapo":
+        out = []
+        for r, a in zip(responses, answers):
+            pred = _dapo_extract(r)
+            out.append(miss if pred is None else correct if _dapo_match(pred, a) else incorrect)
+        return out
+
+    pairs, todo = [], {}
+    for r, a in zip(responses, answers):
+        try:
+            pred, gold = extract_answer(r), _reference(a)
+            verdict = None if not pred else (False if not gold else _quick_verdict(pred, gold))
+        except Exception:  # noqa: BLE001
+            pred, gold, verdict = "", "", False
+        pairs.append((pred, gold, verdict))
+        if pred and verdict is None:
+            todo[(pred, gold)] = None
+    if todo:
+        with ThreadPoolExecutor(max_workers=_pool().size) as ex:  # threads only wait on pipes
+            for key, v in zip(todo, ex.map(lambda k: _slow_verdict(*k), todo)):
+                todo[key] = v
+    return [miss if not pred else correct if (v if v is not None else todo[(pred, gold)]) else incorrect
+            for pred, gold, v in pairs]
+
+
+# --- the paper's reward: DAPO / Minerva exact match ----------------------------------------------------------------
+# The DAPO recipe's rule (verl math_dapo.py): findall(r"(?i)Answer\s*:\s*([^\n]+)") on the last 300 characters,
+# the last match, Minerva-normalised, compared as a string with the Minerva-normalised reference.
+_DAPO_ANSWER = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+_MINERVA_REPLACE = (("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
+                    (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"))
+_MINERVA_REMOVE = ("square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
+                   "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals",
+                   "edges", "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}",
+                   "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}",
+                   "\\;", ",\\!", "{,}", '"', "\\dots")
+_MINERVA_REGEX = ((r"(.*?)(\$)(.*?)(\$)(.*)", "$\\3$"), (r"(\\text\{)(.*?)(\})", "\\2"),
+                  (r"(\\textbf\{)(.*?)(\})", "\\2"), (r"(\\overline\{)(.*?)(\})", "\\2"),
+                  (r"(\\boxed\{)(.*)(\})", "\\2"),
+                  (r"(frac)([^{])(.)", "frac{\\2}{\\3}"),  # \fracab -> \frac{a}{b}
+                  (r"(sqrt)([^{])", "sqrt{\\2}"))  # \sqrta -> \sqrt{a}
+
+
+def _minerva_normalize(s):
+    """Minerva's final-answer normaliser (Lewkowycz et al. 2022, App. D), as in verl's normalize_final_answer."""
+    s = s.split("=")[-1]
+    for before, after in _MINERVA_REPLACE:
+        s = s.replace(before, after)
+    for expr in _MINERVA_REMOVE:
+        s = s.replace(expr, "")
+    for pattern, repl in _MINERVA_REGEX:
+        s = re.sub(pattern, repl, s)
+    s = s.replace("$", "")
+    if s.replace(",", "").isdigit():
+        s = s.replace(",", "")
+    return s.strip()
+
+
+def _dapo_extract(response):
+    """The last `Answer:` line's text within the final 300 characters (the DAPO rule), or None."""
+    if not isinstance(response, str):
+        return None
+    found = _DAPO_ANSWER.findall(response[-300:])  # "The longest answer in MATH-500 has 159 characters" (verl)
+    return found[-1] if found else None
+
+
+def _dapo_match(pred, answer):
+    if not isinstance(answer, str):
+        answer = "" if answer is None else str(answer)
+    if len(answer) > MAX_ANSWER_CHARS:  # no real reference is that long; keeps the regexes linear-time
+        return False
+    try:
+        return _minerva_normalize(pred) == _minerva_normalize(answer)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def dapo_score(response, answer):
+    """The paper's reward: +1.0 if the last `Answer:` line (final 300 chars) matches after Minerva normalisation."""
+    pred = _dapo_extract(response)
+    return 1.0 if pred is not None and _dapo_match(pred, answer) else -1.0
+
+
+def main():
+    if sys.argv[1:] == ["--worker"]:
+        return _serve()
+    if len(sys.argv) != 3:
+        sys.exit("usage: python reward.py RESPONSE ANSWER")
+    response, answer = sys.argv[1:]
+    print(f"extracted answer : {extract_answer(response)!r}")
+    print(f"is_correct       : {is_correct(response, answer)}")
+    print(f"dapo_score       : {dapo_score(response, answer):+.0f}  (DAPO answer: {_dapo_extract(response)!r})")
+
+
+if __name__ == "__main__":
+    main()
