@@ -251,6 +251,22 @@ def _keep(row, rule):
     return level in ("3", "4", "5")
 
 
+def check_name(name_or_path):
+    """Raise ValueError unless `load` knows this name (or it is a readable local file); loads nothing."""
+    name = str(name_or_path)
+    if name == "arithmetic" or name.startswith("arithmetic:"):
+        try:
+            levels = [int(x) for x in name.partition(":")[2].split(",") if x]
+        except ValueError:
+            levels = [None]
+        bad = [x for x in levels if x not in LEVELS]
+        if bad:
+            raise ValueError(f"{name!r}: arithmetic levels must be among {sorted(LEVELS)}, e.g. 'arithmetic:1,2'")
+    elif name not in HUB and not (os.path.isfile(name) and name.endswith((".parquet", ".jsonl", ".json"))):
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(KNOWN)} (arithmetic takes levels, e.g. "
+                         f"'arithmetic:1,2'), or the path of a local .parquet/.jsonl/.json file")
+
+
 def load(name_or_path, *, split="train", n=None, seed=0, data_dir=None, template=DAPO_TEMPLATE):
     """Records of a named set (see the module docstring) or of a local .parquet/.jsonl/.json file.
 
@@ -258,6 +274,7 @@ def load(name_or_path, *, split="train", n=None, seed=0, data_dir=None, template
     number of generated problems (ARITHMETIC_DEFAULT_N when None). template: "{problem}" is replaced by the problem;
     None keeps the bare problem. data_dir: read named sets from a local mirror of their Hub repos instead.
     """
+    check_name(name_or_path)
     name = str(name_or_path)
     if name == "arithmetic" or name.startswith("arithmetic:"):
         levels = tuple(int(x) for x in name.partition(":")[2].split(",") if x) or (1, 2, 3)
@@ -265,11 +282,8 @@ def load(name_or_path, *, split="train", n=None, seed=0, data_dir=None, template
     if name in HUB:
         rows = _hub_rows(name, split, data_dir)
         rule = HUB[name][4]
-    elif os.path.isfile(name) and name.endswith((".parquet", ".jsonl", ".json")):
-        rows, rule = [(r, name, i) for i, r in enumerate(_read_file(name))], None
     else:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(KNOWN)} (arithmetic takes levels, e.g. "
-                         f"'arithmetic:1,2'), or the path of a local .parquet/.jsonl/.json file")
+        rows, rule = [(r, name, i) for i, r in enumerate(_read_file(name))], None
     records = [_record(r, f"{path}: row {i}", template) for r, path, i in rows if _keep(r, rule)]
     if n is not None and n < len(records):
         records = [records[i] for i in sorted(random.Random(seed).sample(range(len(records)), n))]

@@ -78,8 +78,8 @@ def _last_box(text):
 
 
 def _clean(s):
-    """Strip what surrounds an answer: spaces, markdown bold, math delimiters, a final period."""
-    s = s.strip().strip("*`").strip().rstrip(".").strip()
+    """Strip what surrounds an answer: spaces, markdown bold, math delimiters, a final period, currency signs."""
+    s = s.replace("\\$", "").strip().strip("*`").strip().rstrip(".").strip()
     for a, b in _DELIMITERS:
         if len(s) >= len(a) + len(b) and s.startswith(a) and s.endswith(b):
             s = s[len(a):len(s) - len(b)].strip().rstrip(".").strip()
@@ -345,6 +345,14 @@ def is_correct(response, answer):
     except Exception:  # noqa: BLE001  (contract: never raises)
         log.debug("is_correct failed", exc_info=True)
         return False
+
+
+def answer_key(pred):
+    """A canonical form of an extracted answer for grouping equal answers (maj@n): formatting stripped, plain
+    numbers as reduced fractions ("0.50", "1/2" and "\\dfrac{1}{2}" share a key)."""
+    p = _normalize(pred)
+    number = _number(p)
+    return str(number[0]) if number is not None else p
 
 
 def score_batch(responses, answers, *, correct=1.0, incorrect=0.0, missing=None, scorer="math-verify"):

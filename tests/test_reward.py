@@ -1,0 +1,263 @@
+"""reward.py against labelled cases: the final answer (last `Answer:` line or last \\boxed{}, whichever comes last)
+compared with math-verify equivalence; the paper's DAPO rule (last `Answer:` line in the final 300 characters,
+Minerva normalisation, exact match, +1/-1); bounded time on adversarial inputs, also from threads."""
+
+import multiprocessing
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import data
+import reward
+
+# (response, reference answer, expected is_correct)
+IS_CORRECT_CASES = [
+    # --- the DAPO format: the last "Answer:" line ---
+    ("Answer: 42", "42", True),
+    ("Answer: 41", "42", False),
+    ("The sum is 7.\nAnswer: 7", "7", True),
+    ("answer: 7", "7", True),
+    ("**Answer:** 7", "7", True),
+    ("**Final Answer**: 7", "7", True),
+    ("Answer: 5.", "5", True),
+    ("Answer: $5$", "5", True),
+    ("Answer: \\(5\\)", "5", True),
+    ("Answer: 024", "24", True),
+    ("Answer: 1,000", "1000", True),
+    ("Answer: 1\\,000\\,000", "1000000", True),
+    ("Answer: 3\nWait, that is wrong.\nAnswer: 4", "4", True),
+    ("Answer: 4\nHmm, no.\nAnswer: 3", "4", False),
+    ("Answer:\n\n", "5", False),
+    ("Answer: 6", "5", False),
+    ("Answer: \\$5", "5", True),
+    # --- equivalent forms (math-verify) ---
+    ("Final Answer: $\\frac{1}{2}$", "0.5", True),
+    ("Answer: 0.5", "\\frac{1}{2}", True),
+    ("Answer: \\dfrac{3}{4}", "\\frac34", True),
+    ("Answer: 5/2", "2.5", True),
+    ("Answer: 2.50", "2.5", True),
+    ("Answer: \\frac{2}{4}", "\\frac{1}{2}", True),
+    ("Answer: -\\frac{1}{2}", "-0.5", True),
+    ("Answer: 1/3", "\\frac{1}{3}", True),
+    ("Answer: 0.333", "\\frac{1}{3}", False),
+    ("Answer: 10\\%", "0.1", True),
+    ("Answer: 2\\sqrt{3}", "\\sqrt{12}", True),
+    ("Answer: \\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", True),
+    ("Answer: (x+1)^2", "x^2+2x+1", True),
+    ("Answer: x^2+2x", "x^2+2x+1", False),
+    ("Answer: y = 2x + 1", "2x+1", True),
+    ("Answer: x = 3", "3", True),
+    ("Answer: [2, 5)", "[2,5)", True),
+    ("Answer: (2, 5]", "[2,5)", False),
+    ("Answer: (1, 2)", "(1,2)", True),
+    ("Answer: (2, 1)", "(1,2)", False),
+    ("Answer: \\{1, 2\\}", "\\{2, 1\\}", True),
+    ("Answer: \\pi", "\\pi", True),
+    ("Answer: 3.14", "\\pi", False),
+    ("Answer: \\infty", "\\infty", True),
+    ("Answer: 5^\\circ", "5", True),
+    ("Answer: 3 apples", "3", True),
+    ("Answer: 5 \\text{ cm}", "5", True),
+    ("Answer: \\text{(C)}", "C", True),
+    ("Answer: 100000000000000000001", "100000000000000000000", False),
+    ("Answer: -0", "0", True),
+    # --- the boxed format (nested braces, several boxes: the last counts) ---
+    ("so the total is \\boxed{42}", "42", True),
+    ("\\boxed{41}", "42", False),
+    ("\\boxed{-5}", "5", False),
+    ("\\boxed{\\frac{1}{2}}", "0.5", True),
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", True),
+    ("\\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}", True),
+    ("first \\boxed{3}, then on reflection \\boxed{4}", "4", True),
+    ("first \\boxed{3}, then on reflection \\boxed{4}", "3", False),
+    ("\\boxed{ \\left( 1, 2 \\right) }", "(1,2)", True),
+    ("$\\boxed{7}$.", "7", True),
+    ("\\boxed{x^{2}}", "x^2", True),
+    ("\\boxed{2^{10}}", "1024", True),
+    ("\\boxed{\\text{(B)}}", "B", True),
+    ("\\fbox{5}", "5", True),
+    ("\\boxed{12}", "\\boxed{12}", True),
+    ("\\boxed{5} and then \\boxed{6", "5", True),
+    ("\\boxed{}", "5", False),
+    ("\\boxed{\\boxed{3}}", "3", True),
+    # --- both formats: whichever comes last ---
+    ("\\boxed{3}\nAnswer: 4", "4", True),
+    ("Answer: 4\nso \\boxed{3}", "3", True),
+    ("Answer: 4\nso \\boxed{3}", "4", False),
+    ("Answer: $\\boxed{5}$", "5", True),
+    # --- no final answer ---
+    ("I don't know.", "5", False),
+    ("", "5", False),
+    ("The answer is 5", "5", False),
+    ("#### 72", "72", False),
+    (None, "5", False),
+    ("Answer: 5", "", False),
+    # --- adversarial, answered quickly and wrong ---
+    ("Answer: \\frac{1}{0}", "5", False),
+    ("\\boxed{9^{9^{9^{9}}}}", "5", False),
+]
+
+# (response, reference answer, expected dapo_score)
+DAPO_CASES = [
+    ("Answer: 42", "42", 1.0),
+    ("Answer: 41", "42", -1.0),
+    ("\\boxed{42}", "42", -1.0),  # boxes do not count in the paper's rule
+    ("answer: 42", "42", 1.0),
+    ("Answer: $42$", "42", 1.0),
+    ("Answer: 42.", "42", -1.0),  # exact match: a trailing period is not normalised away
+    ("Answer: 1,000", "1000", 1.0),
+    ("Answer: \\frac{1}{2}", "0.5", -1.0),  # no equivalence beyond Minerva normalisation
+    ("Answer: \\frac12", "\\frac{1}{2}", 1.0),
+    ("Answer: \\sqrt2", "\\sqrt{2}", 1.0),
+    ("Answer: x = 5", "5", 1.0),
+    ("Answer: 5 degrees", "5", 1.0),
+    ("Answer: \\text{5 cm}", "5", 1.0),
+    ("Answer: 5^\\circ", "5", 1.0),
+    ("Answer: 42 \\text{ students}", "42", 1.0),
+    ("Answer: \\boxed{42}", "42", 1.0),
+    ("Answer: $\\$5$", "5", 1.0),
+    ("Answer:\n42", "42", 1.0),  # \s* after the colon spans the newline, as in verl
+    ("Answer: 3\nAnswer: 4", "4", 1.0),
+    ("Answer: 4\nAnswer: 3", "4", -1.0),
+    ("Answer: 42" + "x" * 400, "42", -1.0),  # outside the final 300 characters
+    ("x" * 400 + "\nAnswer: 42", "42", 1.0),
+    ("no answer here", "42", -1.0),
+    ("", "42", -1.0),
+    (None, "42", -1.0),
+]
+
+ADVERSARIAL = {
+    "tower of powers": "so \\boxed{9^{9^{9^{9}}}}",
+    "1 MB string": "a " * 500_000 + "Answer: 5",
+    "20,000 unbalanced boxes": "\\boxed{" * 20_000,
+    "division by zero": "\\boxed{\\frac{1}{0}}",
+    "huge factorial": "\\boxed{(9^9)!}",
+    "1 MB of braces": "{" * 500_000 + "}" * 500_000,
+    "1 MB of answer lines": "Answer: 1\n" * 100_000,
+}
+
+
+@pytest.mark.parametrize("response,answer,expected", IS_CORRECT_CASES)
+def test_is_correct(response, answer, expected):
+    assert reward.is_correct(response, answer) is expected
+
+
+@pytest.mark.parametrize("response,answer,expected", DAPO_CASES)
+def test_dapo_score(response, answer, expected):
+    assert reward.dapo_score(response, answer) == expected
+
+
+def test_case_counts():
+    assert len(IS_CORRECT_CASES) >= 60 and len(DAPO_CASES) >= 20
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_adversarial_inputs_are_bounded(name):
+    """Every call returns within 3 s and never raises, whatever the text."""
+    text = ADVERSARIAL[name]
+    for answer in ("5", "\\frac{1}{2}"):
+        t = time.monotonic()
+        assert isinstance(reward.is_correct(text, answer), bool)
+        assert reward.dapo_score(text, answer) in (1.0, -1.0)
+        assert len(reward.score_batch([text], [answer], scorer="math-verify")) == 1
+        assert time.monotonic() - t < 3.0, name
+
+
+def test_adversarial_reference_and_types():
+    """The reference side and non-string inputs do not raise either."""
+    for response, answer in [("Answer: 5", "x" * 1_000_000), ("Answer: 5", None), (b"Answer: 5", "5"),
+                             ("Answer: 5", 5), ("Answer: 5", "\\boxed{" * 20_000)]:
+        t = time.monotonic()
+        assert isinstance(reward.is_correct(response, answer), bool)
+        assert reward.dapo_score(response, answer) in (1.0, -1.0)
+        assert time.monotonic() - t < 3.0
+    assert reward.is_correct("Answer: 5", 5) and reward.dapo_score("Answer: 5", 5) == 1.0
+
+
+def test_hung_worker_is_killed_and_replaced(monkeypatch):
+    """A check that overruns the hard deadline is killed (counted wrong) and the next check still works.
+    A sympy factorial that math-verify's own 1 s alarm would stop stands in for an uninterruptible C-level hang
+    (9^{9^{9^{9}}} as a Python int power) by shrinking the hard deadline to 50 ms."""
+    reward._pool().check("1", "1")  # make sure the workers are up before the deadline shrinks
+    monkeypatch.setattr(reward, "ITEM_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(reward, "_CACHE", {})
+    before = reward.STATS["timeouts"]
+    t = time.monotonic()
+    assert reward.is_correct("\\boxed{(9^9)!}", "7") is False
+    assert time.monotonic() - t < 1.0
+    assert reward.STATS["timeouts"] == before + 1
+    monkeypatch.setattr(reward, "ITEM_TIMEOUT_S", 1.5)
+    assert reward.is_correct("\\boxed{\\sqrt{12}}", "2\\sqrt{3}") is True
+
+
+def test_from_threads():
+    """Safe from any thread: math-verify's SIGALRM never runs in this process (it runs in worker processes)."""
+    slow = [(r, a, e) for r, a, e in IS_CORRECT_CASES if r and "sqrt" in r or r and "frac" in r]
+    results = {}
+
+    def run(i):
+        r, a, _ = slow[i]
+        results[i] = reward.is_correct(r, a)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(slow))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert [results[i] for i in range(len(slow))] == [e for _, _, e in slow]
+    with ThreadPoolExecutor(4) as ex:  # score_batch from several threads at once
+        out = list(ex.map(lambda c: reward.score_batch([c[0]], [c[1]])[0], IS_CORRECT_CASES))
+    assert out == [1.0 if e else 0.0 for _, _, e in IS_CORRECT_CASES]
+
+
+def _forked_child(queue):
+    queue.put(reward.is_correct("\\boxed{\\sqrt{8}}", "2\\sqrt{2}"))
+
+
+def test_in_forked_child():
+    """A process forked after the pool exists builds its own workers instead of sharing the parent's pipes."""
+    reward._pool()
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_forked_child, args=(q,))
+    p.start()
+    assert q.get(timeout=30) is True
+    p.join(timeout=30)
+
+
+def test_score_batch_reward_map():
+    responses = ["Answer: 1/2", "no final answer", "\\boxed{3}", "Answer: 0.5"]
+    answers = ["0.5", "1", "4", "\\frac{1}{2}"]
+    assert reward.score_batch(responses, answers) == [1.0, 0.0, 0.0, 1.0]
+    assert reward.score_batch(responses, answers, correct=1, incorrect=-1) == [1, -1, -1, 1]
+    assert reward.score_batch(responses, answers, correct=1, incorrect=-1, missing=-2) == [1, -2, -1, 1]
+    assert reward.score_batch(responses, answers, correct=1, incorrect=-1, missing=-2, scorer="dapo") == [-1, -2, -2, -1]
+    assert reward.score_batch([], []) == []
+    with pytest.raises(ValueError, match="scorer"):
+        reward.score_batch(["a"], ["b"], scorer="exact")
+    with pytest.raises(ValueError, match="answers"):
+        reward.score_batch(["a", "b"], ["b"])
+
+
+def test_extract_answer():
+    assert reward.extract_answer("We get \\boxed{\\frac{1}{\\sqrt{2}}}.") == "\\frac{1}{\\sqrt{2}}"
+    assert reward.extract_answer("**Answer:** $x=1$.") == "x=1"
+    assert reward.extract_answer("\\boxed{1}\nAnswer: 2") == "2"
+    assert reward.extract_answer("Answer: 2 \\boxed{1}") == "1"
+    assert reward.extract_answer("nothing") is None
+
+
+@pytest.mark.parametrize("level", sorted(data.LEVELS))
+def test_synthetic_task_answers(level):
+    """The synthetic task's answer format is scored by the same reward: the perfect response is correct under
+    both scorers, a wrong number is not."""
+    records = data.arithmetic(50, split="train", levels=(level,), seed=level)
+    perfect = [data.arithmetic_response(r["answer"]) for r in records]
+    wrong = [data.arithmetic_response(str(int(r["answer"]) + 1)) for r in records]
+    answers = [r["answer"] for r in records]
+    assert all(reward.is_correct(p, a) for p, a in zip(perfect, answers))
+    assert not any(reward.is_correct(w, a) for w, a in zip(wrong, answers))
+    assert all(reward.dapo_score(p, a) == 1.0 for p, a in zip(perfect, answers))
+    assert reward.score_batch(perfect + wrong, answers + answers) == [1.0] * 50 + [0.0] * 50
