@@ -86,10 +86,11 @@ def policy_loss(logp, old_logp, advantages, mask, lower, upper, *, clip_c=10.0, 
     response length (a constant; the default, this batch's T, changes with padding). Then the sum of the micro-batch
     losses over gradient accumulation and ranks is exactly the mini-batch loss, and so is its gradient. The naive
     way — each micro-batch divides by its own count and the trainer averages over micro-batches (and DDP/FSDP
-    averages over ranks) — weighs a token by 1/(tokens in ITS micro-batch): tokens in micro-batches of short
-    responses count more than tokens next to long ones, a silent bias (the gradient-accumulation bug HF fixed in
-    transformers 4.46, still present in trainers with dynamic batch sizes). FSDP/DDP average gradients over ranks,
-    so the trainer multiplies this loss by the world size (or sums). None = this micro-batch's own count.
+    averages over ranks) — weighs a token (a response) by 1/(tokens (responses) in ITS micro-batch): tokens in a
+    micro-batch of short responses count more than tokens next to long ones, a silent bias whenever micro-batches
+    differ in size (token-budget packing, uneven last micro-batch; the gradient-accumulation bug HF fixed for SFT in
+    transformers 4.46). FSDP/DDP average gradients over ranks, so the trainer multiplies this loss by the world size
+    (or reduces with a sum). None = this micro-batch's own count.
     """
     if agg not in AGG_MODES:
         raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
@@ -260,19 +261,20 @@ class _TokenLogprob(torch.autograd.Function):
         return grad, None, None, None
 
 
-def token_logprobs(logits, targets, *, chunk_size=128, with_entropy=False):
+def token_logprobs(logits, targets, *, chunk_size=64, with_entropy=False):
     """log π(target) from logits (B, T, V) of any float dtype -> (B, T) float32 (float64 for float64 logits).
 
     Differentiable w.r.t. logits. The naive `logits.float().log_softmax(-1).gather(...)` holds a float32 copy of the
-    logits and keeps the float32 log_softmax for backward (≥ 8 bytes per logit on top of the bf16 logits); here only a
-    (B, chunk_size, V) float32 chunk exists at a time, forward and backward, and the gradient is written straight in the
-    logits' dtype. benchmarks/bench_logprob_memory.py measures the peak on CPU at (8, 1024, V ≤ 32768) bf16 and
-    extrapolates linearly in V to (8, 1024, 151936) (Qwen2.5's vocabulary; the bf16 logits alone are 2.49 GB):
-      naive   forward 9.96 GB extra, forward+backward 12.45 GB extra (incl. the 2.49 GB bf16 gradient)
-      chunked forward 0.02 GB extra, forward+backward  2.51 GB extra (the bf16 gradient + one 0.62 GB chunk)
-    (chunk_size 128; extra = peak minus the logits themselves). `with_entropy=True` also returns the entropy (B, T),
-    computed in the same pass, without gradient (a diagnostic; the paper has no entropy bonus). `chunk_size` is in
-    sequence positions: the float32 chunk has B·chunk_size·V elements.
+    logits plus the float32 log_softmax that autograd keeps for backward (8 bytes per logit on top of the bf16 logits,
+    12 with the backward); here only a (B, chunk_size, V) float32 chunk exists at a time, forward and backward, and
+    the gradient is written straight in the logits' dtype. benchmarks/bench_logprob_memory.py measures the peak on
+    CPU at (8, 1024, V ≤ 32768) bf16 and extrapolates linearly in V to (8, 1024, 151936) (Qwen2.5's vocabulary; the
+    bf16 logits alone are 2.49 GB), extra = peak minus the logits:
+        naive          forward  9.96 GB   forward+backward 14.96 GB
+        chunked (64)   forward  0.65 GB   forward+backward  3.00 GB  (2.49 GB of it is the bf16 gradient itself)
+    `chunk_size` is in sequence positions (a chunk has B·chunk_size·V float32 elements: 0.31 GB above).
+    `with_entropy=True` also returns the entropy (B, T), computed in the same pass, without gradient (a diagnostic;
+    the paper has no entropy bonus).
     """
     logp, ent = _TokenLogprob.apply(logits, targets.long(), int(chunk_size), bool(with_entropy))
     return (logp, ent) if with_entropy else logp

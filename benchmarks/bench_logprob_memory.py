@@ -7,7 +7,7 @@ already resident, so it is what each method adds on top of the logits that the m
 logit element are then extrapolated linearly in V to the issue's (8, 1024, 151936) case (for the chunked method the
 chunk term is B·chunk·V·4 bytes, also linear in V).
 
-    .venv/bin/python benchmarks/bench_logprob_memory.py [--B 8] [--T 1024] [--vocabs 8192,16384,32768]
+    .venv/bin/python benchmarks/bench_logprob_memory.py [--B 8] [--T 1024] [--vocabs 8192,16384,32768] [--chunk 64]
 """
 import argparse
 import os
@@ -51,14 +51,23 @@ def main():
     ap.add_argument("--B", type=int, default=8)
     ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--vocabs", default="8192,16384,32768")
-    ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--chunk", type=int, default=None)                      # default: token_logprobs' own
     ap.add_argument("--child", nargs=2)                                      # internal: method mode
     ap.add_argument("--V", type=int)
     a = ap.parse_args()
+    if a.chunk is None:
+        sys.path.insert(0, ROOT)
+        import inspect
+
+        import grpo
+
+        a.chunk = inspect.signature(grpo.token_logprobs).parameters["chunk_size"].default
     if a.child:
         return child(*a.child, a.B, a.T, a.V, a.chunk)
 
     real = a.B * a.T * REAL_V
+    # a fixed mmap threshold: glibc otherwise raises it (up to 32 MB) and keeps freed chunks resident, inflating RSS
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20))
     print(f"token log-prob peak memory on CPU, logits ({a.B}, {a.T}, V) bf16, chunk_size={a.chunk}; "
           "extra = peak − logits")
     print(f"{'method':8} {'mode':8} {'V':>6} {'logits GB':>9} {'extra GB':>9} {'B/logit':>8} {'@151936 GB':>10}")
@@ -67,7 +76,7 @@ def main():
             for V in map(int, a.vocabs.split(",")):
                 out = subprocess.run([sys.executable, __file__, "--child", method, mode, "--B", str(a.B),
                                       "--T", str(a.T), "--V", str(V), "--chunk", str(a.chunk)],
-                                     check=True, capture_output=True, text=True).stdout
+                                     check=True, capture_output=True, text=True, env=env).stdout
                 extra = int(out.split()[-1])
                 per = extra / (a.B * a.T * V)
                 print(f"{method:8} {mode:8} {V:6d} {a.B * a.T * V * 2 / 1e9:9.3f} {extra / 1e9:9.3f} {per:8.2f} "
