@@ -325,7 +325,11 @@ def main():
             print(level, [arithmetic_problem(rng, level) for _ in range(4)])
         print(arithmetic(3, split="test"))
         return
-    for r in load(args.name, split=args.split, n=args.n, data_dir=args.data_dir):
+    try:
+        records = load(args.name, split=args.split, n=args.n, data_dir=args.data_dir)
+    except (ValueError, OSError, RuntimeError) as e:
+        parser.error(str(e))
+    for r in records:
         print(json.dumps(r, ensure_ascii=False, indent=1))
 
 
