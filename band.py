@@ -1,0 +1,314 @@
+"""Band: the per-token ratio interval implied by an f-divergence trust region (BandPO, shared/PAPER.md §2-3).
+
+BandPO replaces PPO's fixed clip [1 - eps, 1 + eps] by the exact set of ratios r = pi_new(a) / pi_old(a) that some
+new next-token distribution inside the trust region D_f(pi_new || pi_old) <= delta can give the sampled token.
+Lemma 1 (the rest of the vocabulary is best rescaled uniformly) and Theorem 1 reduce that set to one interval
+
+    [lower, upper] = { r in [0, 1/p] : g_f(p, r) <= delta },   g_f(p, r) = p f(r) + (1 - p) f((1 - p r) / (1 - p)),
+
+which depends only on the old probability p of the token and on delta (Props. 1-4 describe its shape).
+
+    lower, upper = band(old_logp, "bandkl", delta=0.05)              # the exact interval, no cap
+    lower, upper = ratio_bounds(old_logp, "bandkl", delta=0.05)      # what the loss clips to (upper capped at 10)
+    python band.py                                                   # print the interval at a few p
+
+Glossary (the paper's symbols; tensors have the shape of `old_logp`)
+    old_logp    log p, log-probability of the sampled token under the old (rollout) policy
+    p, q        p = exp(old_logp) and q = 1 - p = -expm1(old_logp), both computed accurately from log p
+    r           ratio pi_new(a) / pi_old(a); `lower`, `upper` = r_lower, r_upper, the band
+    c           (1 - p r) / (1 - p): the common factor applied to every other token (Lemma 1)
+    f, delta    generator f (convex, f(1) = 0) and trust-region radius delta of D_f = sum pi_old f(pi_new / pi_old).
+                Our `delta` is this divergence radius, NOT TRL's `delta` (an upper cap on the ratio).
+    x           log r, the variable the KL root is solved in; s = c, the mirror problem's ratio
+
+Divergences (`DIVERGENCES`, one entry per generator; a new convex f with f(1) = 0 is one more entry)
+    bandkl         f(u) = u - 1 - log u   D_f = KL(pi_old || pi_new)   log-space Newton, see `_kl_newton`
+    bandtv         f(u) = |u - 1| / 2     total variation             closed form (Prop. 4)
+    bandchi2       f(u) = (u - 1)^2       Pearson chi^2               closed form (Prop. 4)
+    bandhellinger  f(u) = (sqrt u - 1)^2  squared Hellinger (x 2)     generic path: bisection + Newton from f alone
+
+`ratio_bounds` adds the baselines of the comparison (clip, clip-higher, dcpo) and the relax ablation; `BOUNDS` is
+the one dict from method name to plain function, and nothing else branches on the method.
+
+The KL solver (Theorem 1 has no closed form for KL, Prop. 4). The authors bisect in r on [1, 1/p] and [0, 1], up to
+50 steps, and stop when the widest bracket is below 1e-6, reading that width back to the host every step. In r the
+roots cannot be resolved near 0 and 1/p (float64 cannot tell r_lower = 1e-30 from 0), so they also override p < 1e-6
+and p > 1 - 1e-6 with the limits. We instead solve the lower root in x = log r, where g is the Bernoulli KL
+h(x) = -p x - q log1p(-(p/q) expm1(x)), convex and decreasing (derivations/derive_kl_solver.py), and the upper root
+as the lower root of the mirror problem (p <-> q, ratio s = c; Mirror identity, PAPER.md §2). The solver is a
+bracketing method: a proven bracket [lo, hi] of x (from G'' <= p/q and 0 <= q log(c) <= -q log q), then Newton from
+hi. By convexity the first Newton iterate lands left of the root and every later one moves monotonically right
+towards it, so each iterate is a new lower end of the bracket and clamping to [lo, hi] keeps the guarantee in
+floating point. The number of steps is fixed (3 in float32, 4 in float64): derive_kl_solver.py bounds the error of
+the first step over the whole (p, delta) domain and the quadratic convergence bound then gives these counts; tests
+compare against 50-digit mpmath. No `.item()`, no data-dependent Python branch: it runs unchanged under
+torch.compile and CUDA graphs. Divergences without a convexity certificate in x (the generic path) bisect the
+bracket [-40, 0] down to the dtype's precision (count from log2(width / eps)) and polish with one Newton step.
+
+Edge cases: old_logp > 0 (rounding noise) is treated as 0 (p = 1: lower = r*, upper = 1); old_logp = -inf (p = 0)
+gives lower = 0, upper = inf; NaN propagates to NaN; nothing raises or loops on bad tensor values. Where 1/p
+overflows (float32: old_logp < -88.7) upper is inf, which any cap (max_ratio) turns into the cap.
+float16/bfloat16 are computed in float32 and returned in their own dtype.
+
+Departures from the authors' code (OpenMOSS/BandPO, verl/bandpo/band): no overrides near p = 0 or 1 (the solver is
+exact there; their override sets upper = 1/p for p < 1e-6, 10-100x the true root); the relax union with the
+clip-higher interval is the separate method `bandkl-relax` (their `band()` applies it by default); the cap is
+`max_ratio=10` (the paper's `upper_bound_max`; their function default is 100).
+"""
+
+import math
+from typing import Callable, NamedTuple, Optional
+
+import torch
+
+X_FLOOR = -1000.0  # log r below which r = exp(x) is 0 in every float dtype: the solver's bracket never goes lower
+X_GENERIC_MIN = -40.0  # generic path brackets log r_lower in [-40, 0]: a lower bound below e^-40 ~ 4e-18 is 0 for us
+
+
+# --- the divergence registry ------------------------------------------------------------------------------------
+class Divergence(NamedTuple):
+    """One generator f, written around its minimum: phi(t) = f(1 + t) for t >= -1 (exact near t = 0)."""
+
+    phi: Callable  # phi(t) = f(1 + t)
+    dphi: Callable  # phi'(t) = f'(1 + t)
+    f0: float  # f(0); math.inf when a token can never be driven to zero (then no saturation, Prop. 3)
+    r_star: Callable  # delta -> lim_{p -> 1} lower (Prop. 1), a Python float
+    closed_form: Optional[Callable] = None  # (old_logp, delta) -> (lower, upper), Prop. 4
+    bracket: Optional[Callable] = None  # (p, q, log_q, delta) -> proven (lo, hi) of log r_lower; None: [-40, 0]
+    newton: Optional[Callable] = None  # accurate Newton update x -> x_new; None: x - h / h' from phi, dphi
+    newton_steps: Optional[dict] = None  # dtype -> fixed Newton count when bracket + newton need no bisection
+
+
+def _sqrt_t(t):  # sqrt(1 + t) - 1 without cancellation near t = 0
+    return t / (torch.sqrt(1 + t) + 1)
+
+
+def _tv_closed(old_logp, delta):
+    """Prop. 4, TV: g = p |r - 1|, so the band is [max(0, 1 - delta/p), min(1/p, 1 + delta/p)]."""
+    inv_p = torch.exp(-old_logp)
+    return (1 - delta * inv_p).clamp_min(0), torch.minimum(inv_p, 1 + delta * inv_p)
+
+
+def _chi2_closed(old_logp, delta):
+    """Prop. 4, chi^2: g = p (r - 1)^2 / (1 - p), so |r - 1| <= sqrt(delta (1 - p) / p), within [0, 1/p]."""
+    inv_p = torch.exp(-old_logp)
+    half_width = torch.sqrt(delta * -torch.expm1(old_logp) * inv_p)
+    return (1 - half_width).clamp_min(0), torch.minimum(inv_p, 1 + half_width)
+
+
+def _kl_bracket(p, q, log_q, delta):
+    """Proven bracket of x = log r_lower for KL (derive_kl_solver.py): with G(x) = g(p, e^x),
+    G >= -p x + q log q   (the term -q log c lies in [q log q, 0])         =>  x >= (q log q - delta) / p = lo;
+    G <= -p x  and  G <= p x^2 / (2 q)   (G(0) = G'(0) = 0, G'' <= p / q)   =>  x <= -max(delta/p, sqrt(2 delta q/p))."""
+    lo = ((q * log_q - delta) / p).clamp_min(X_FLOOR)
+    hi = -torch.maximum(delta / p, torch.sqrt(2 * delta * q / p))
+    return lo, hi.clamp(X_FLOOR, -torch.finfo(p.dtype).tiny)
+
+
+def _kl_newton(x, p, q, a, delta):
+    """One Newton step on h(x) = G(x) - delta, G(x) = -p x - q log1p(u), u = -a expm1(x), h' = -u / (1 + u),
+    rearranged (derive_kl_solver.py) so that no large terms cancel when r is tiny (there x_new -> -(q l + delta)/p):
+    x_new = x - h / h' = -((q l + delta) (1 + u) + p e^x x) / u."""
+    em1 = torch.expm1(x)
+    u = -a * em1
+    ql_delta = q * torch.log1p(u) + delta
+    return -(ql_delta * (1 + u) + p * (1 + em1) * x) / u
+
+
+# Newton steps after which the KL root is exact to the dtype's precision; derived (and asserted equal) in
+# derivations/derive_kl_solver.py from the first step's error bound and quadratic convergence.
+_KL_NEWTON_STEPS = {torch.float32: 3, torch.float64: 4}
+
+DIVERGENCES = {
+    "bandkl": Divergence(
+        phi=lambda t: t - torch.log1p(t),
+        dphi=lambda t: t / (1 + t),
+        f0=math.inf,
+        r_star=lambda d: math.exp(-d),
+        bracket=_kl_bracket,
+        newton=_kl_newton,
+        newton_steps=_KL_NEWTON_STEPS,
+    ),
+    "bandtv": Divergence(
+        phi=lambda t: 0.5 * t.abs(),
+        dphi=lambda t: 0.5 * torch.sign(t),
+        f0=0.5,
+        r_star=lambda d: max(1.0 - d, 0.0),
+        closed_form=_tv_closed,
+    ),
+    "bandchi2": Divergence(
+        phi=lambda t: t * t,
+        dphi=lambda t: 2 * t,
+        f0=1.0,
+        r_star=lambda d: 1.0,
+        closed_form=_chi2_closed,
+    ),
+    # Generic path: nothing but f. f(u) = (sqrt(u) - 1)^2 is twice the squared Hellinger distance of some texts.
+    "bandhellinger": Divergence(
+        phi=lambda t: _sqrt_t(t) ** 2,
+        dphi=lambda t: 1 - torch.rsqrt(1 + t),
+        f0=1.0,
+        r_star=lambda d: max(1.0 - d / 2, 0.0) ** 2,
+    ),
+}
+
+
+# --- the solver ---------------------------------------------------------------------------------------------------
+def _g(div, x, p, q, a):
+    """g_f(p, e^x) and its x-derivative e^x dg/dr = p e^x (f'(r) - f'(c)) (Theorem 1), with r - 1 = expm1(x) and
+    c - 1 = -(p/q) expm1(x) computed without cancellation."""
+    em1 = torch.expm1(x)
+    u = -a * em1
+    g = p * div.phi(em1) + q * div.phi(u)
+    return g, p * (1 + em1) * (div.dphi(em1) - div.dphi(u))
+
+
+def _log_lower_root(p, q, log_q, delta, div):
+    """x = log r_lower: the root of g_f(p, e^x) = delta in x < 0 (-inf when the lower bound saturates at 0).
+
+    Called with (p, q) for the lower bound and with (q, p) for the upper one (mirror identity)."""
+    a = p / q
+    if div.bracket is not None:
+        lo, hi = div.bracket(p, q, log_q, delta)
+        n_bisect = 0
+    else:
+        lo, hi = torch.full_like(p, X_GENERIC_MIN), torch.full_like(p, -torch.finfo(p.dtype).tiny)
+        # halvings until the bracket is narrower than the dtype's spacing near 1 (the bisection alone is exact)
+        n_bisect = math.ceil(math.log2(-X_GENERIC_MIN / torch.finfo(p.dtype).eps))
+    # bracketing core: g(e^x) decreases on x < 0, so g > delta means the root lies to the right
+    for _ in range(n_bisect):
+        mid = 0.5 * (lo + hi)
+        right = _g(div, mid, p, q, a)[0] > delta
+        lo, hi = torch.where(right, mid, lo), torch.where(right, hi, mid)
+    # Newton polish, clamped to the bracket (KL: the whole solve, see the module docstring)
+    x = hi
+    for _ in range(div.newton_steps[p.dtype] if div.newton_steps else 1):
+        if div.newton is not None:
+            x_new = div.newton(x, p, q, a, delta)
+        else:
+            g, dg = _g(div, x, p, q, a)
+            x_new = x - (g - delta) / dg
+        x = torch.minimum(torch.maximum(x_new, lo), hi)  # NaN-free: clamp keeps [lo, hi] even for +-inf steps
+    if math.isfinite(div.f0):  # Prop. 3: r_lower = 0 iff g(p, 0) = p f(0) + q f(1/q) <= delta
+        saturated = p * div.f0 + q * div.phi(a) <= delta
+        x = torch.where(saturated, -math.inf, x)
+    return x
+
+
+def _check_delta(delta):
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta) or delta <= 0:
+        raise ValueError(f"delta must be a finite number > 0 (a divergence radius), got {delta!r}")
+
+
+@torch.no_grad()
+def band(old_logp, method="bandkl", delta=0.05):
+    """The exact Band interval [lower, upper] in ratio space for every token (Theorem 1), no cap.
+
+    old_logp: tensor of log p (any shape, float dtype, any device); method: a key of DIVERGENCES; delta: the radius.
+    Returns (lower, upper) with the shape, dtype and device of old_logp, without gradient, and always
+    0 <= lower <= 1 <= upper <= 1/p (1/p computed as exp(-old_logp) in the working dtype)."""
+    if method not in DIVERGENCES:
+        raise ValueError(f"unknown divergence {method!r}; valid: {', '.join(sorted(DIVERGENCES))}")
+    _check_delta(delta)
+    if not isinstance(old_logp, torch.Tensor) or not old_logp.is_floating_point():
+        raise TypeError(f"old_logp must be a floating-point tensor, got {type(old_logp).__name__}")
+    div = DIVERGENCES[method]
+    out_dtype = old_logp.dtype
+    work = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    logp = old_logp.detach().to(work).clamp_max(0.0)  # log p > 0 is rounding noise: p = 1
+
+    if div.closed_form is not None:
+        lower, upper = div.closed_form(logp, delta)
+    else:
+        tiny = torch.finfo(work).tiny  # p or q below the smallest normal: treated as tiny (keeps every step finite)
+        p = logp.exp().clamp_min(tiny)  # (...)
+        q = (-torch.expm1(logp)).clamp_min(tiny)  # (...)
+        # log q without cancellation: log1p(-p) for p < 1/2 (q = 1 - p rounds there), log(q) for p >= 1/2
+        log_q = torch.where(logp < -math.log(2), torch.log1p(-p), torch.log(q))
+        lower = _log_lower_root(p, q, log_q, delta, div).exp()
+        # upper root = lower root of the mirror problem (q, p): r_upper = (1 - q s) / p = 1 - expm1(log s) q / p
+        inv_p = torch.exp(-logp)  # (...) 1/p, exact even where p underflows (inf for p = 0)
+        upper = 1 - torch.expm1(_log_lower_root(q, p, logp, delta, div)) * q * inv_p
+        upper = torch.minimum(upper, inv_p)
+    return lower.to(out_dtype), upper.to(out_dtype)
+
+
+# --- the interval the loss clips to: every method of the comparison ------------------------------------------------
+# Each takes (old_logp, delta, **eps) and returns (lower, upper); eps defaults are the method's published ones.
+def clip(old_logp, delta=None, eps_low=0.2, eps_high=0.2):
+    """PPO/GRPO clip [1 - eps_low, 1 + eps_high] (GRPO: 0.2 / 0.2); delta is unused."""
+    if not 0 <= eps_low <= 1 or not eps_high >= 0:
+        raise ValueError(f"need 0 <= eps_low <= 1 and eps_high >= 0, got {eps_low!r}, {eps_high!r}")
+    return torch.full_like(old_logp, 1 - eps_low), torch.full_like(old_logp, 1 + eps_high)
+
+
+def clip_higher(old_logp, delta=None, eps_low=0.2, eps_high=0.28):
+    """DAPO's Clip-Higher: the clip with a larger upper eps (0.2 / 0.28)."""
+    return clip(old_logp, delta, eps_low, eps_high)
+
+
+@torch.no_grad()
+def dcpo(old_logp, delta=None, eps_low=0.16, eps_high=0.20):
+    """DCPO dynamic-adaptive clip with q = p (PAPER.md §3): L = 1/2 + 1/2 sqrt(max(1 - 4 eps_low / p, 0)),
+    U = 1/2 + 1/2 sqrt(1 + 4 eps_high / p). Not confined to [0, 1/p] (U > 1/p as p -> 1)."""
+    inv_p = torch.exp(-old_logp.clamp_max(0.0))
+    return 0.5 + 0.5 * torch.sqrt((1 - 4 * eps_low * inv_p).clamp_min(0)), 0.5 + 0.5 * torch.sqrt(1 + 4 * eps_high * inv_p)
+
+
+def bandkl(old_logp, delta=0.05, **unused_eps):
+    return band(old_logp, "bandkl", delta)
+
+
+def bandtv(old_logp, delta=0.05, **unused_eps):
+    return band(old_logp, "bandtv", delta)
+
+
+def bandchi2(old_logp, delta=0.05, **unused_eps):
+    return band(old_logp, "bandchi2", delta)
+
+
+def bandhellinger(old_logp, delta=0.05, **unused_eps):
+    return band(old_logp, "bandhellinger", delta)
+
+
+def bandkl_relax(old_logp, delta=0.05, eps_low=0.2, eps_high=0.28):
+    """The paper's relax ablation: the union of Band-KL with the clip-higher interval (reported to hurt)."""
+    lower, upper = band(old_logp, "bandkl", delta)
+    return lower.clamp_max(1 - eps_low), upper.clamp_min(1 + eps_high)
+
+
+BOUNDS = {
+    "clip": clip,
+    "clip-higher": clip_higher,
+    "dcpo": dcpo,
+    "bandkl": bandkl,
+    "bandtv": bandtv,
+    "bandchi2": bandchi2,
+    "bandhellinger": bandhellinger,
+    "bandkl-relax": bandkl_relax,
+}
+
+
+def ratio_bounds(old_logp, method, *, delta=0.05, eps_low=None, eps_high=None, max_ratio=10.0):
+    """(lower, upper) the surrogate loss clips the ratio to, for any method of BOUNDS; upper capped at max_ratio
+    (the authors' `upper_bound_max`). eps_* left None take the method's default; band methods ignore them (except
+    bandkl-relax), clip methods ignore delta."""
+    if method not in BOUNDS:
+        raise ValueError(f"unknown method {method!r}; valid: {', '.join(sorted(BOUNDS))}")
+    if not max_ratio >= 1:  # also rejects NaN
+        raise ValueError(f"max_ratio must be >= 1, got {max_ratio!r}")
+    eps = {k: v for k, v in (("eps_low", eps_low), ("eps_high", eps_high)) if v is not None}
+    lower, upper = BOUNDS[method](old_logp, delta, **eps)
+    return lower, upper.clamp_max(max_ratio)
+
+
+def main():
+    logp = torch.log(torch.tensor([0.001, 0.01, 0.08, 0.2, 0.5, 0.8, 0.99], dtype=torch.float64))
+    print("p        " + "".join(f"{m:>22}" for m in DIVERGENCES))
+    bounds = {m: band(logp, m, 0.05) for m in DIVERGENCES}
+    for i, p in enumerate(logp.exp().tolist()):
+        print(f"{p:<9.3g}" + "".join(f"  [{bounds[m][0][i]:8.5f},{bounds[m][1][i]:9.4f}]" for m in DIVERGENCES))
+
+
+if __name__ == "__main__":
+    main()
