@@ -7,8 +7,9 @@ Two scorers, one batch entry point:
   (1/2 = 0.5 = \\dfrac12, 10\\% = 0.1, 2\\sqrt3 = \\sqrt{12}, intervals, tuples, sets, symbolic equality).
 - `dapo_score(response, answer)`: the paper's own reward, reproduced: the last `Answer:` line within the final 300
   characters, Minerva normalisation (Lewkowycz et al. 2022, App. D, as in lm-eval-harness' hendrycks_math), exact
-  string match, +1 / -1. This mirrors verl's `verl/utils/reward_score/math_dapo.py::compute_score` (the reward of
-  the DAPO recipe the authors' verl fork trains with); `_minerva_normalize` follows its `normalize_final_answer`.
+  string match, +1 / -1. This mirrors verl's `verl/utils/reward_score/math_dapo.py::compute_score`
+  (github.com/volcengine/verl; the reward of the DAPO recipe that the authors' verl fork trains with), and
+  `_minerva_normalize` follows its `normalize_final_answer` (same substitution and removal lists, same order).
 - `score_batch(responses, answers, correct=, incorrect=, missing=, scorer=)`: the reward map used by train.py and
   eval.py; `missing` is the optional format penalty for a completion with no final answer.
 
