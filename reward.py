@@ -28,7 +28,7 @@ Never raises, never hangs. Every call returns within ~2.5 s whatever the text (m
      one JSON line per request). math-verify's own timeouts use SIGALRM, which only works in a main thread: in a
      worker it always is one, so its 1 s parse/verify alarms stop most runaway sympy work (9^{9^{9^{9}}} returns
      in ~1 s). What SIGALRM cannot stop (C code that never returns to the interpreter), the parent stops: it waits
-     on the pipe with `select` for at most ITEM_TIMEOUT_S, then kills the worker, counts the answer as incorrect
+     on the pipe with `poll` for at most ITEM_TIMEOUT_S, then kills the worker, counts the answer as incorrect
      and starts a replacement (the next call takes another, ready worker). The parent never calls math-verify nor
      uses signals, so every function here is safe from any thread (the pool is shared under a lock) and from
      processes forked later (the pool is rebuilt per pid). Fresh interpreters rather than fork(): forking a trainer
@@ -45,6 +45,7 @@ the same verdict, but only after an expensive sympy.simplify. benchmarks/bench_r
 import atexit
 import json
 import logging
+import math
 import os
 import re
 import select
@@ -216,7 +217,7 @@ def _serve():
 
 
 class _Worker:
-    """One `python reward.py --worker` subprocess, read through a raw fd so that `select` sees every byte."""
+    """One `python reward.py --worker` subprocess, read through a raw fd so that `poll` sees every byte."""
 
     def __init__(self):
         self.proc, self.buf, self.ready = None, b"", False
@@ -250,9 +251,11 @@ class _Worker:
         """Next line from the worker, or None on timeout / exit. Never blocks longer than `timeout`."""
         deadline = time.monotonic() + timeout
         fd = self.proc.stdout.fileno()
+        poller = select.poll()  # not select.select: a trainer may hold > 1024 fds, beyond select's FD_SETSIZE
+        poller.register(fd, select.POLLIN)
         while b"\n" not in self.buf:
             left = max(0.0, deadline - time.monotonic())
-            if not select.select([fd], [], [], left)[0]:
+            if not poller.poll(math.ceil(left * 1000)):
                 return None
             chunk = os.read(fd, 65536)
             if not chunk:

@@ -3,6 +3,7 @@ compared with math-verify equivalence; the paper's DAPO rule (last `Answer:` lin
 Minerva normalisation, exact match, +1/-1); bounded time on adversarial inputs, also from threads."""
 
 import multiprocessing
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -207,6 +208,27 @@ def test_without_workers_falls_back_to_exact_matches(monkeypatch, caplog):
     assert reward.is_correct("\\boxed{\\sqrt{12}}", "2\\sqrt{3}") is False
     assert reward.score_batch(["Answer: 7", "Answer: x+1"], ["7", "1+x"]) == [1.0, 0.0]
     assert "unavailable" in caplog.text and reward._POOL.broken
+
+
+def test_many_open_files(monkeypatch):
+    """Worker pipes numbered above 1024 (a trainer holds many fds) still work: select() would fail there."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if min(hard, 4096) < 1200:
+        pytest.skip("RLIMIT_NOFILE too low")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        monkeypatch.setattr(reward, "_POOL", None)
+        monkeypatch.setattr(reward, "_CACHE", {})
+        assert reward.is_correct("\\boxed{\\sqrt{8}}", "2\\sqrt{2}") is True
+        assert reward._POOL.idle[0].proc.stdout.fileno() > 1024
+        reward._POOL.close()
+    finally:
+        for fd in fds:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_from_threads():
