@@ -138,6 +138,7 @@ def main(argv=None):
     p.add_argument("--max-prompt-len", type=int, default=1024)
     p.add_argument("--batch-size", type=int, default=64, help="prompts per engine.generate call")
     p.add_argument("--rollout", default="auto", choices=["auto", "vllm", "hf"])
+    p.add_argument("--dtype", default=None, help="engine dtype, e.g. bfloat16 on GPU (default: rollout.py's)")
     p.add_argument("--scorer", default="math-verify", choices=["math-verify", "dapo"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON report path (default: runs/eval-<time>.json)")
@@ -158,8 +159,9 @@ def main(argv=None):
 
     model = args.model or rollout.DEFAULT_MODEL
     tokenizer = AutoTokenizer.from_pretrained(model)
+    extra = {} if args.dtype is None else {"dtype": args.dtype}
     engine = rollout.make_engine(args.rollout, model, tokenizer=tokenizer, seed=args.seed,
-                                 max_model_len=args.max_prompt_len + args.max_new_tokens)
+                                 max_model_len=args.max_prompt_len + args.max_new_tokens, **extra)
     sampling = rollout.Sampling(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                                 seed=args.seed)
     t0 = time.time()
