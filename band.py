@@ -74,8 +74,9 @@ class Divergence(NamedTuple):
     f0: float  # f(0); math.inf when a token can never be driven to zero (then no saturation, Prop. 3)
     r_star: Callable  # delta -> lim_{p -> 1} lower (Prop. 1), a Python float
     closed_form: Optional[Callable] = None  # (old_logp, delta) -> (lower, upper), Prop. 4
+    g: Optional[Callable] = None  # (x, p, q, a) -> (g_f(p, e^x), d/dx) when the generic formula from phi loses digits
     bracket: Optional[Callable] = None  # (p, q, log_q, delta) -> proven (lo, hi) of log r_lower; None: [-40, 0]
-    newton: Optional[Callable] = None  # accurate Newton update x -> x_new; None: x - h / h' from phi, dphi
+    newton: Optional[Callable] = None  # accurate Newton update x -> x_new; None: x - (g - delta) / g' 
     newton_steps: Optional[dict] = None  # dtype -> fixed Newton count when bracket + newton need no bisection
 
 
@@ -105,6 +106,14 @@ def _kl_bracket(p, q, log_q, delta):
     return lo, hi.clamp(X_FLOOR, -torch.finfo(p.dtype).tiny)
 
 
+def _kl_g(x, p, q, a):
+    """KL: g(p, e^x) = -p x - q log1p(u), u = c - 1 = -(p/q) expm1(x), and dg/dx = -u / (1 + u). This is the generic
+    p phi(r - 1) + q phi(c - 1) with the linear terms p (r - 1) + q (c - 1) = 0 cancelled exactly and log r = x used
+    directly (log1p(expm1(x)) loses all digits of r when x << 0)."""
+    u = -a * torch.expm1(x)
+    return -p * x - q * torch.log1p(u), -u / (1 + u)
+
+
 def _kl_newton(x, p, q, a, delta):
     """One Newton step on h(x) = G(x) - delta, G(x) = -p x - q log1p(u), u = -a expm1(x), h' = -u / (1 + u),
     rearranged (derive_kl_solver.py) so that no large terms cancel when r is tiny (there x_new -> -(q l + delta)/p):
@@ -125,6 +134,7 @@ DIVERGENCES = {
         dphi=lambda t: t / (1 + t),
         f0=math.inf,
         r_star=lambda d: math.exp(-d),
+        g=_kl_g,
         bracket=_kl_bracket,
         newton=_kl_newton,
         newton_steps=_KL_NEWTON_STEPS,
@@ -157,10 +167,12 @@ DIVERGENCES = {
 def _g(div, x, p, q, a):
     """g_f(p, e^x) and its x-derivative e^x dg/dr = p e^x (f'(r) - f'(c)) (Theorem 1), with r - 1 = expm1(x) and
     c - 1 = -(p/q) expm1(x) computed without cancellation."""
+    if div.g is not None:
+        return div.g(x, p, q, a)
     em1 = torch.expm1(x)
     u = -a * em1
     g = p * div.phi(em1) + q * div.phi(u)
-    return g, p * (1 + em1) * (div.dphi(em1) - div.dphi(u))
+    return g, p * torch.exp(x) * (div.dphi(em1) - div.dphi(u))
 
 
 def _log_lower_root(p, q, log_q, delta, div):
@@ -195,6 +207,20 @@ def _log_lower_root(p, q, log_q, delta, div):
     return x
 
 
+def _solve(logp, div, delta):
+    """The numerical path of `band` (every divergence can take it; TV and chi^2 have closed forms instead)."""
+    tiny = torch.finfo(logp.dtype).tiny  # p or q below the smallest normal: treated as tiny (keeps every step finite)
+    p = logp.exp().clamp_min(tiny)  # (...)
+    q = (-torch.expm1(logp)).clamp_min(tiny)  # (...)
+    # log q without cancellation: log1p(-p) for p < 1/2 (q = 1 - p rounds there), log(q) for p >= 1/2
+    log_q = torch.where(logp < -math.log(2), torch.log1p(-p), torch.log(q))
+    lower = _log_lower_root(p, q, log_q, delta, div).exp()
+    # upper root = lower root of the mirror problem (q, p): r_upper = (1 - q s) / p = 1 - expm1(log s) q / p
+    inv_p = torch.exp(-logp)  # (...) 1/p, exact even where p underflows (inf for p = 0)
+    upper = 1 - torch.expm1(_log_lower_root(q, p, logp, delta, div)) * q * inv_p
+    return lower, torch.minimum(upper, inv_p)
+
+
 def _check_delta(delta):
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta) or delta <= 0:
         raise ValueError(f"delta must be a finite number > 0 (a divergence radius), got {delta!r}")
@@ -213,24 +239,15 @@ def band(old_logp, method="bandkl", delta=0.05):
     if not isinstance(old_logp, torch.Tensor) or not old_logp.is_floating_point():
         raise TypeError(f"old_logp must be a floating-point tensor, got {type(old_logp).__name__}")
     div = DIVERGENCES[method]
-    out_dtype = old_logp.dtype
-    work = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
-    logp = old_logp.detach().to(work).clamp_max(0.0)  # log p > 0 is rounding noise: p = 1
+    logp = _working(old_logp)
+    lower, upper = div.closed_form(logp, delta) if div.closed_form is not None else _solve(logp, div, delta)
+    return lower.to(old_logp.dtype), upper.to(old_logp.dtype)
 
-    if div.closed_form is not None:
-        lower, upper = div.closed_form(logp, delta)
-    else:
-        tiny = torch.finfo(work).tiny  # p or q below the smallest normal: treated as tiny (keeps every step finite)
-        p = logp.exp().clamp_min(tiny)  # (...)
-        q = (-torch.expm1(logp)).clamp_min(tiny)  # (...)
-        # log q without cancellation: log1p(-p) for p < 1/2 (q = 1 - p rounds there), log(q) for p >= 1/2
-        log_q = torch.where(logp < -math.log(2), torch.log1p(-p), torch.log(q))
-        lower = _log_lower_root(p, q, log_q, delta, div).exp()
-        # upper root = lower root of the mirror problem (q, p): r_upper = (1 - q s) / p = 1 - expm1(log s) q / p
-        inv_p = torch.exp(-logp)  # (...) 1/p, exact even where p underflows (inf for p = 0)
-        upper = 1 - torch.expm1(_log_lower_root(q, p, logp, delta, div)) * q * inv_p
-        upper = torch.minimum(upper, inv_p)
-    return lower.to(out_dtype), upper.to(out_dtype)
+
+def _working(old_logp):
+    """log p in the working dtype (float16/bfloat16 -> float32), detached; log p > 0 is rounding noise: p = 1."""
+    work = torch.float32 if old_logp.dtype in (torch.float16, torch.bfloat16) else old_logp.dtype
+    return old_logp.detach().to(work).clamp_max(0.0)
 
 
 # --- the interval the loss clips to: every method of the comparison ------------------------------------------------
@@ -251,8 +268,10 @@ def clip_higher(old_logp, delta=None, eps_low=0.2, eps_high=0.28):
 def dcpo(old_logp, delta=None, eps_low=0.16, eps_high=0.20):
     """DCPO dynamic-adaptive clip with q = p (PAPER.md §3): L = 1/2 + 1/2 sqrt(max(1 - 4 eps_low / p, 0)),
     U = 1/2 + 1/2 sqrt(1 + 4 eps_high / p). Not confined to [0, 1/p] (U > 1/p as p -> 1)."""
-    inv_p = torch.exp(-old_logp.clamp_max(0.0))
-    return 0.5 + 0.5 * torch.sqrt((1 - 4 * eps_low * inv_p).clamp_min(0)), 0.5 + 0.5 * torch.sqrt(1 + 4 * eps_high * inv_p)
+    inv_p = torch.exp(-_working(old_logp))
+    lower = 0.5 + 0.5 * torch.sqrt((1 - 4 * eps_low * inv_p).clamp_min(0))
+    upper = 0.5 + 0.5 * torch.sqrt(1 + 4 * eps_high * inv_p)
+    return lower.to(old_logp.dtype), upper.to(old_logp.dtype)
 
 
 def bandkl(old_logp, delta=0.05, **unused_eps):
