@@ -25,7 +25,7 @@ Never raises, never hangs. Every call returns within ~2.5 s whatever the text (m
      fractions both ways; decimals only when equal, otherwise math-verify decides its rounding rule). Typical
      AIME/AMC/DAPO answers are integers and never leave this process.
   3. Everything else goes to math-verify in a small pool of worker *subprocesses* (`python reward.py --worker`,
-     one JSON line per request). math-verify's own timeouts use SIGALRM, which only works in a main thread: in a
+     one JSON line per request; BANDPO_REWARD_WORKERS of them, default min(4, cores)). math-verify's own timeouts use SIGALRM, which only works in a main thread: in a
      worker it always is one, so its 1 s parse/verify alarms stop most runaway sympy work (9^{9^{9^{9}}} returns
      in ~1 s). What SIGALRM cannot stop (C code that never returns to the interpreter), the parent stops: it waits
      on the pipe with `poll` for at most ITEM_TIMEOUT_S, then kills the worker, counts the answer as incorrect
