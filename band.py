@@ -268,9 +268,9 @@ def clip_higher(old_logp, delta=None, eps_low=0.2, eps_high=0.28):
 def dcpo(old_logp, delta=None, eps_low=0.16, eps_high=0.20):
     """DCPO dynamic-adaptive clip with q = p (PAPER.md §3): L = 1/2 + 1/2 sqrt(max(1 - 4 eps_low / p, 0)),
     U = 1/2 + 1/2 sqrt(1 + 4 eps_high / p). Not confined to [0, 1/p] (U > 1/p as p -> 1)."""
-    inv_p = torch.exp(-_working(old_logp))
-    lower = 0.5 + 0.5 * torch.sqrt((1 - 4 * eps_low * inv_p).clamp_min(0))
-    upper = 0.5 + 0.5 * torch.sqrt(1 + 4 * eps_high * inv_p)
+    inv_p = torch.exp(-_working(old_logp))  # inf for p = 0, so eps = 0 must not multiply it
+    lower = 0.5 + 0.5 * torch.sqrt((1 - 4 * eps_low * inv_p).clamp_min(0)) if eps_low > 0 else torch.ones_like(inv_p)
+    upper = 0.5 + 0.5 * torch.sqrt(1 + 4 * eps_high * inv_p) if eps_high > 0 else torch.ones_like(inv_p)
     return lower.to(old_logp.dtype), upper.to(old_logp.dtype)
 
 
