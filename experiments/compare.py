@@ -1,0 +1,253 @@
+"""Compare the clipping methods at toy scale: train each for the same steps and seeds, plot, tabulate, give verdicts.
+
+The paper (shared/PAPER.md §5) claims, on 3B-8B models: (1) BandPO beats GRPO and clip-higher on mean@32 by >= 2
+points; (2) it keeps the policy entropy about ten times higher (~0.2 vs ~0.02); (3) it clips far fewer low-probability
+tokens at the upper bound. This script runs `train.py` for every (method, delta, seed), one run after another, then
+writes experiments/results/compare.{json,md} and figures/compare.png, with a plain verdict per claim computed from
+the numbers (rules in `verdicts`).
+
+    python experiments/compare.py                        # the toy comparison on the embedded tiny model (CPU)
+    python experiments/compare.py --plot-only            # redraw and re-tabulate from the finished runs
+    python experiments/compare.py --methods clip,bandkl --seeds 0,1,2 --nproc 8 --max-steps 300 \\
+        -- --model Qwen/Qwen2.5-3B-Instruct --data dapo-math-17k,math-l3to5 --eval-data aime24,amc23 \\
+        --prompts-per-step 256 --group-size 16 --mini-batch-prompts 64 --lr 1e-6 --max-new-tokens 4096 ...
+
+Everything after `--` goes to train.py unchanged, so the same script runs the real comparison on GPUs. Runs are
+resumable: a finished run is skipped, an interrupted one continues from its last checkpoint (train.py --resume).
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CURVES = [("eval", "held-out accuracy (mean@n)"), ("entropy", "policy entropy (nats/token)"),
+          ("clip/frac", "clipped token fraction"), ("clip/low_p_upper_rate", "upper-clip rate of p < 0.2 tokens")]
+
+
+def run_name(method, delta, seed):
+    return f"{method}-d{delta:g}-s{seed}"
+
+
+def configs(args):
+    out = [(m, args.delta) for m in args.methods.split(",")]
+    out += [("bandkl", float(d)) for d in args.bandkl_deltas.split(",") if d and float(d) != args.delta]
+    return out
+
+
+def finished(run_dir, max_steps):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        steps = [json.loads(line).get("step", 0) for line in f if line.strip()]
+    return bool(steps) and max(steps) >= max_steps
+
+
+def train(args, method, delta, seed, extra):
+    run_dir = os.path.join(args.runs_dir, run_name(method, delta, seed))
+    if finished(run_dir, args.max_steps):
+        return run_dir, 0.0
+    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node", str(args.nproc),
+           "--master_port", str(29600 + seed), "train.py"]
+    if os.path.isfile(os.path.join(run_dir, "config.json")):
+        cmd += ["--resume", run_dir, "--max-steps", str(args.max_steps)]
+    else:
+        cmd += ["--method", method, "--delta", str(delta), "--seed", str(seed), "--max-steps", str(args.max_steps),
+                "--out-dir", run_dir, "--no-export-hf", *extra]
+    print(" ".join(cmd), flush=True)
+    t0 = time.time()
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=None if args.verbose else subprocess.DEVNULL)
+    return run_dir, time.time() - t0
+
+
+def load_run(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    eval_key = next((k for r in rows for k in r if k.startswith("eval/") and "/mean@" in k), None)
+    curves = {}
+    for key, _ in CURVES:
+        k = eval_key if key == "eval" else key
+        curves[key] = [(r["step"], r[k]) for r in rows if k in r]
+    return rows, eval_key, curves
+
+
+def mean_std(xs):
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return math.nan, math.nan
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return m, sd
+
+
+def summarize_run(rows, eval_key, last=5):
+    """Final numbers of one run: the last evaluation, and step metrics averaged over the last `last` steps."""
+    evals = [r for r in rows if eval_key and eval_key in r]
+    final_eval = evals[-1] if evals else {}
+    prefix = eval_key.rsplit("/", 1)[0] if eval_key else ""
+    pass_keys = sorted((k for k in final_eval if k.startswith(prefix + "/pass@")), key=lambda k: int(k.split("@")[1]))
+    steps = [r for r in rows if "entropy" in r][-last:]
+    avg = lambda key: sum(r[key] for r in steps) / len(steps) if steps else math.nan  # noqa: E731
+    return {"mean@n": final_eval.get(eval_key, math.nan),
+            "pass@n": final_eval[pass_keys[-1]] if pass_keys else math.nan,
+            "pass_k": pass_keys[-1].split("/")[-1] if pass_keys else "",
+            "entropy": avg("entropy"), "clip/frac": avg("clip/frac"),
+            "clip/frac_upper": avg("clip/frac_upper"), "clip/low_p_upper_rate": avg("clip/low_p_upper_rate"),
+            "reward/mean": avg("reward/mean")}
+
+
+def compare(a, b):
+    """(difference of means a - b, its standard error) over seeds."""
+    (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
+    se = math.sqrt(sa ** 2 / max(len(a), 1) + sb ** 2 / max(len(b), 1))
+    return ma - mb, se
+
+
+def verdicts(table):
+    """Plain verdicts for the paper's three claims, Band-KL (delta 0.05) against GRPO (clip) and clip-higher.
+
+    "reproduced" needs the paper's effect size and a difference larger than two standard errors over seeds;
+    "not reproduced" needs the opposite, or a smaller effect, beyond two standard errors; anything else is
+    "not distinguishable at this scale".
+    """
+    band = table.get(("bandkl", 0.05))
+    out = []
+    for base_name in ("clip", "clip-higher"):
+        base = table.get((base_name, 0.05))
+        if not band or not base:
+            continue
+        d, se = compare([100 * x["mean@n"] for x in band], [100 * x["mean@n"] for x in base])
+        if d >= 2 and d > 2 * se:
+            v = "reproduced"
+        elif d + 2 * se < 2:
+            v = "not reproduced"
+        else:
+            v = "not distinguishable at this scale"
+        out.append(f"(1) BandPO beats {base_name} by >= 2 points of mean@n: **{v}** "
+                   f"(difference {d:+.1f} ± {se:.1f} points, mean ± s.e. over seeds)")
+    base = table.get(("clip", 0.05))
+    if band and base:
+        eb, eg = mean_std([x["entropy"] for x in band])[0], mean_std([x["entropy"] for x in base])[0]
+        d, se = compare([x["entropy"] for x in band], [x["entropy"] for x in base])
+        ratio = eb / eg if eg > 0 else math.inf
+        if ratio >= 5 and d > 2 * se:
+            v = "reproduced"
+        elif d > 2 * se:
+            v = "partly reproduced: higher, but not ~10x"
+        elif d < -2 * se:
+            v = "not reproduced (lower)"
+        else:
+            v = "not distinguishable at this scale"
+        out.append(f"(2) BandPO keeps entropy ~10x higher than GRPO: **{v}** "
+                   f"(final entropy {eb:.3f} vs {eg:.3f}, ratio {ratio:.2f})")
+        lb, lg = (mean_std([x["clip/low_p_upper_rate"] for x in t])[0] for t in (band, base))
+        d, se = compare([x["clip/low_p_upper_rate"] for x in band], [x["clip/low_p_upper_rate"] for x in base])
+        if lb <= 0.5 * lg and -d > 2 * se:
+            v = "reproduced"
+        elif -d > 2 * se:
+            v = "partly reproduced: fewer, but not far fewer"
+        elif d > 2 * se:
+            v = "not reproduced (more)"
+        else:
+            v = "not distinguishable at this scale"
+        out.append(f"(3) BandPO clips far fewer p < 0.2 tokens at the upper bound: **{v}** "
+                   f"(rate {lb:.4f} vs {lg:.4f})")
+    return out
+
+
+def markdown(table, verdict_lines, n_seeds, max_steps):
+    pk = next((x["pass_k"] for runs in table.values() for x in runs if x["pass_k"]), "pass@n")
+    lines = [f"{n_seeds} seeds x {max_steps} steps; mean ± std over seeds; step metrics averaged over the last 5 steps.",
+             "", f"| method | δ | mean@n (%) | {pk} (%) | entropy | clip frac | upper-clip rate, p < 0.2 | train reward |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (method, delta), runs in table.items():
+        cell = lambda key, scale=1.0, fmt=".3f": "{:{f}} ± {:{f}}".format(  # noqa: E731
+            *(scale * v for v in mean_std([x[key] for x in runs])), f=fmt)
+        shown_delta = f"{delta:g}" if method.startswith("band") else "–"
+        lines.append(f"| {method} | {shown_delta} | {cell('mean@n', 100, '.1f')} | {cell('pass@n', 100, '.1f')} | "
+                     f"{cell('entropy')} | {cell('clip/frac', 1, '.4f')} | {cell('clip/low_p_upper_rate', 1, '.4f')} "
+                     f"| {cell('reward/mean')} |")
+    return "\n".join(lines + [""] + [f"- {v}" for v in verdict_lines]) + "\n"
+
+
+def plot(curves_by_config, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    for ax, (key, title) in zip(axes.flat, CURVES):
+        for label, runs in curves_by_config.items():
+            series = [dict(c[key]) for c in runs if c[key]]
+            if not series:
+                continue
+            steps = sorted(set.intersection(*(set(s) for s in series)))
+            mean = [sum(s[t] for s in series) / len(series) for t in steps]
+            lo = [min(s[t] for s in series) for t in steps]
+            hi = [max(s[t] for s in series) for t in steps]
+            line, = ax.plot(steps, mean, label=label, lw=1.6)
+            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle("Toy-scale comparison (mean over seeds; band = min..max)")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--methods", default="clip,clip-higher,dcpo,bandkl,bandtv,bandchi2")
+    p.add_argument("--delta", type=float, default=0.05, help="delta of every band method")
+    p.add_argument("--bandkl-deltas", default="0.01,0.2", help="extra deltas for bandkl (the sweep)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--max-steps", type=int, default=40)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--runs-dir", default=os.path.join(ROOT, "runs", "compare"))
+    p.add_argument("--results", default=os.path.join(ROOT, "experiments", "results"))
+    p.add_argument("--figure", default=os.path.join(ROOT, "figures", "compare.png"))
+    p.add_argument("--plot-only", action="store_true")
+    p.add_argument("--verbose", action="store_true", help="show train.py's output")
+    args = p.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+
+    t_total = 0.0
+    table, curves = {}, {}
+    for method, delta in configs(args):
+        for seed in seeds:
+            run_dir = os.path.join(args.runs_dir, run_name(method, delta, seed))
+            if not args.plot_only:
+                _, seconds = train(args, method, delta, seed, extra)
+                t_total += seconds
+                print(f"{run_name(method, delta, seed)}: {seconds:.0f} s", flush=True)
+            if not finished(run_dir, args.max_steps):
+                continue
+            rows, eval_key, c = load_run(run_dir)
+            table.setdefault((method, delta), []).append(summarize_run(rows, eval_key))
+            label = f"{method} δ={delta:g}" if method.startswith("band") else method
+            curves.setdefault(label, []).append(c)
+    lines = verdicts(table)
+    md = markdown(table, lines, len(seeds), args.max_steps)
+    os.makedirs(args.results, exist_ok=True)
+    with open(os.path.join(args.results, "compare.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(args.results, "compare.json"), "w") as f:
+        json.dump({f"{m}|{d}": runs for (m, d), runs in table.items()}, f, indent=1)
+    plot(curves, args.figure)
+    print(md)
+    if t_total:
+        print(f"total training wall time {t_total / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
