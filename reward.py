@@ -17,23 +17,25 @@ Departure from the authors' code: `is_correct` is more lenient than the paper's 
 equivalent forms count). Use `scorer="dapo"` to train with the paper's rule exactly.
 
 Never raises, never hangs. Every call returns within ~2.5 s whatever the text (ms typically):
-  1. Extraction is linear: one regex pass matches braces with a stack, so 20,000 unbalanced `\\boxed{` cost ~10 ms
-     and the worst 1 MB text (all braces) ~0.4 s, never a quadratic rescan. Extracted answers (and references)
-     longer than MAX_ANSWER_CHARS are only string-compared.
+  1. Extraction is linear: one regex pass over the last MAX_SCAN_CHARS characters matches braces with a stack, so
+     20,000 unbalanced `\\boxed{` cost ~10 ms and the worst text (all braces) ~0.1 s, never a quadratic rescan.
+     Extracted answers (and references) longer than MAX_ANSWER_CHARS are only string-compared.
   2. Fast exact paths in this process: equal after formatting-only normalisation -> correct; two plain numbers
      (integers, a/b, \\frac{a}{b}, decimals) are compared exactly with `fractions.Fraction` (integers and
      fractions both ways; decimals only when equal, otherwise math-verify decides its rounding rule). Typical
      AIME/AMC/DAPO answers are integers and never leave this process.
   3. Everything else goes to math-verify in a small pool of worker *subprocesses* (`python reward.py --worker`,
-     one JSON line per request; BANDPO_REWARD_WORKERS of them, default min(4, cores)). math-verify's own timeouts use SIGALRM, which only works in a main thread: in a
-     worker it always is one, so its 1 s parse/verify alarms stop most runaway sympy work (9^{9^{9^{9}}} returns
-     in ~1 s). What SIGALRM cannot stop (C code that never returns to the interpreter), the parent stops: it waits
-     on the pipe with `poll` for at most ITEM_TIMEOUT_S, then kills the worker, counts the answer as incorrect
-     and starts a replacement (the next call takes another, ready worker). The parent never calls math-verify nor
-     uses signals, so every function here is safe from any thread (the pool is shared under a lock) and from
-     processes forked later (the pool is rebuilt per pid). Fresh interpreters rather than fork(): forking a trainer
-     that runs CUDA/vLLM/OpenMP threads can deadlock. The first math-verify call of a process waits once for the
-     workers to import math-verify (~0.6 s here).
+     one JSON line per request; BANDPO_REWARD_WORKERS of them, default min(4, cores)). Timeouts need signals, and
+     signals only work in a main thread (math-verify's SIGALRM raises ValueError elsewhere): in a worker the check
+     always runs in the main thread, under a CPU-time limit (CPU_LIMIT_S, ITIMER_VIRTUAL) that stops runaway sympy
+     work (9^{9^{9^{9}}} comes back wrong after ~0.5 s) without penalising checks that are merely slowed down by a
+     busy machine. What no signal can stop (C code that never returns to the interpreter), the parent stops: it
+     waits on the pipe with `poll` for at most ITEM_TIMEOUT_S, then kills the worker, counts the answer as
+     incorrect and starts a replacement (the next call takes another, ready worker). The parent never calls
+     math-verify nor uses signals, so every function here is safe from any thread (the pool is shared under a
+     lock; concurrent callers queue for a free worker) and from processes forked later (the pool is rebuilt per
+     pid). Fresh interpreters rather than fork(): forking a trainer that runs CUDA/vLLM/OpenMP threads can
+     deadlock. The first math-verify call of a process waits once for the workers to start (~1 s here).
   If no worker can be started, the fast paths' verdict is used alone and a warning is logged once.
 Speed: before math-verify's `verify`, a worker evaluates both parsed expressions at a fixed generic point and calls
 them different when they differ by more than 1e-4 relative: math-verify, which rounds to 6 decimals, would reach
@@ -51,6 +53,7 @@ import math
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -61,7 +64,9 @@ from fractions import Fraction
 log = logging.getLogger("reward")
 
 MAX_ANSWER_CHARS = 1000   # longer extracted answers (or references) are compared as strings only
-ITEM_TIMEOUT_S = 1.5      # hard deadline of one math-verify check in a worker (its own alarms fire at 1 s)
+MAX_SCAN_CHARS = 200_000  # the final answer is looked for in this many last characters (4096 tokens ~ 16k chars)
+CPU_LIMIT_S = 0.5         # CPU time one math-verify check may use in a worker (typical: 1-60 ms)
+ITEM_TIMEOUT_S = 2.0      # wall-clock deadline of one check, after which the parent kills the worker
 START_TIMEOUT_S = 20.0    # a worker that has not imported math-verify by then is declared broken
 NUM_WORKERS = int(os.environ.get("BANDPO_REWARD_WORKERS", min(4, os.cpu_count() or 1)))
 STATS = {"timeouts": 0, "restarts": 0, "fallbacks": 0}  # diagnostics, e.g. for a metrics line
@@ -104,6 +109,7 @@ def extract_answer(response):
     """
     if not isinstance(response, str):
         return None
+    response = response[-MAX_SCAN_CHARS:]
     box, line = _last_box(response), None
     for line in _ANSWER_LINE.finditer(response):
         pass
@@ -186,26 +192,46 @@ def _clearly_different(g, p):
     return abs(a - b) > 1e-4 * max(1.0, abs(a), abs(b))
 
 
-def _math_verify(pred, gold, seconds=1):
-    """The math-verify comparison itself; SIGALRM timeouts, so only call it from a main thread."""
-    from math_verify import parse, verify
-    from math_verify.utils import timeout
+class _CpuTimeout(BaseException):
+    """Raised by the CPU-time timer; a BaseException so that math-verify's `except Exception` cannot swallow it."""
 
-    g = parse(_as_latex(gold), parsing_timeout=seconds)
-    p = parse(_as_latex(pred), parsing_timeout=seconds)
-    if not (g and p):
-        return False
-    if "%" not in pred + gold and timeout(seconds)(_clearly_different)(g[0], p[0]):  # math-verify: 10\% == 10
-        return False
-    return bool(verify(g, p, timeout_seconds=seconds))
+
+def _on_cpu_timeout(signum, frame):
+    raise _CpuTimeout
+
+
+def _math_verify(pred, gold):
+    """The math-verify comparison, limited to CPU_LIMIT_S of CPU time (raises _CpuTimeout beyond).
+
+    The limit is a CPU-time timer (ITIMER_VIRTUAL / SIGVTALRM) instead of math-verify's wall-clock SIGALRM, so a
+    busy machine (a trainer and vLLM on the same cores) does not turn slow-but-legit checks into timeouts. Signals:
+    call it only from a main thread, which the worker processes are.
+    """
+    from math_verify import parse, verify
+
+    signal.signal(signal.SIGVTALRM, _on_cpu_timeout)
+    signal.setitimer(signal.ITIMER_VIRTUAL, CPU_LIMIT_S)
+    try:
+        g = parse(_as_latex(gold), parsing_timeout=None)
+        p = parse(_as_latex(pred), parsing_timeout=None)
+        if not (g and p):
+            return False
+        if "%" not in pred + gold and _clearly_different(g[0], p[0]):  # math-verify's percent rule: 10\% == 10
+            return False
+        return bool(verify(g, p, timeout_seconds=None))
+    finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
 
 
 def _serve():
     """Worker main loop: one JSON request [pred, gold] per stdin line, one JSON verdict per stdout line."""
-    logging.disable(logging.WARNING)  # math-verify logs every timeout; the parent counts them instead
+    logging.disable(logging.WARNING)  # math-verify warns that its own timeouts are off: ours replace them
     out, sys.stdout = sys.stdout, sys.stderr  # the protocol owns stdout; stray prints from libraries go to stderr
-    import math_verify  # noqa: F401  (import before announcing readiness)
-
+    for pred, gold in (("x^2/3", "\\frac{x^2}{3}"), ("(1, 2]", "[1,2)"), ("\\sqrt{2}", "1.41")):
+        try:  # warm up: the first parse builds the LaTeX parser, which must not count against a real check
+            _math_verify(pred, gold)
+        except BaseException:  # noqa: BLE001
+            pass
     out.write('"ready"\n')
     out.flush()
     for line in sys.stdin:
@@ -214,8 +240,11 @@ def _serve():
             verdict = _math_verify(pred, gold)
         except BaseException:  # noqa: BLE001  (a bad item must not kill the worker)
             verdict = False
-        out.write("true\n" if verdict else "false\n")
-        out.flush()
+        try:
+            out.write("true\n" if verdict else "false\n")
+            out.flush()
+        except OSError:  # the parent is gone or gave up on us
+            os._exit(0)
 
 
 class _Worker:
