@@ -23,11 +23,14 @@ def main():
     out = sys.argv[1]
     torch.use_deterministic_algorithms(True)
     cfg = train.Config(method="bandkl", delta=0.05, model=rollout.DEFAULT_MODEL, prompts_per_step=4,
-                       mini_batch_prompts=2, group_size=4, micro_batch_size=3, max_new_tokens=10, lr=1e-3)
+                       mini_batch_prompts=2, group_size=4, micro_batch_size=3, max_new_tokens=10, lr=0.01,
+                       grad_clip=1e6)  # no clipping: a wrong gradient scale must show in the weights
     device = train.init_distributed()
     torch.manual_seed(0)
     model = train.build_model(cfg, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    # SGD, not Adam: Adam's first step is ~lr·sign(g), which turns float rounding in near-zero gradients into
+    # lr-sized differences; SGD keeps the comparison a comparison of gradients.
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     B, P, T = 16, 6, 10

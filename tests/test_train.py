@@ -7,7 +7,6 @@ one line and exit code 2 before anything starts; two "nodes" on localhost rendez
 """
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -102,7 +101,7 @@ def test_fsdp_two_ranks_equal_one_rank(tmp_path):
         assert torch.allclose(outs[2][name], w1, atol=1e-5, rtol=0), name
         if name in before:
             moved = max(moved, (w1 - before[name].double()).abs().max().item())
-    assert moved > 1e-4  # the step really changed the weights (lr 1e-3), so the comparison means something
+    assert moved > 1e-2  # the step really moved the weights, so the comparison means something
 
 
 @pytest.mark.slow
@@ -123,7 +122,8 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     while not (cut / "checkpoints" / "step_000002").exists():
         assert proc.poll() is None and time.time() < deadline, "run ended before its step-2 checkpoint"
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
+    # torchrun starts its workers in their own sessions: kill -9 every process of this run (they all name its dir)
+    subprocess.run(["pkill", "-9", "-f", str(cut)], check=False)
     proc.wait()
     assert not (cut / "checkpoints" / "step_000004").exists()
 
