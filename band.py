@@ -30,20 +30,19 @@ Divergences (`DIVERGENCES`, one entry per generator; a new convex f with f(1) = 
 `ratio_bounds` adds the baselines of the comparison (clip, clip-higher, dcpo) and the relax ablation; `BOUNDS` is
 the one dict from method name to plain function, and nothing else branches on the method.
 
-The KL solver (Theorem 1 has no closed form for KL, Prop. 4). The authors bisect in r on [1, 1/p] and [0, 1], up to
-50 steps, and stop when the widest bracket is below 1e-6, reading that width back to the host every step. In r the
-roots cannot be resolved near 0 and 1/p (float64 cannot tell r_lower = 1e-30 from 0), so they also override p < 1e-6
-and p > 1 - 1e-6 with the limits. We instead solve the lower root in x = log r, where g is the Bernoulli KL
-h(x) = -p x - q log1p(-(p/q) expm1(x)), convex and decreasing (derivations/derive_kl_solver.py), and the upper root
-as the lower root of the mirror problem (p <-> q, ratio s = c; Mirror identity, PAPER.md §2). The solver is a
-bracketing method: a proven bracket [lo, hi] of x (from G'' <= p/q and 0 <= q log(c) <= -q log q), then Newton from
-hi. By convexity the first Newton iterate lands left of the root and every later one moves monotonically right
-towards it, so each iterate is a new lower end of the bracket and clamping to [lo, hi] keeps the guarantee in
-floating point. The number of steps is fixed (3 in float32, 4 in float64): derive_kl_solver.py bounds the error of
-the first step over the whole (p, delta) domain and the quadratic convergence bound then gives these counts; tests
-compare against 50-digit mpmath. No `.item()`, no data-dependent Python branch: it runs unchanged under
-torch.compile and CUDA graphs. Divergences without a convexity certificate in x (the generic path) bisect the
-bracket [-40, 0] down to the dtype's precision (count from log2(width / eps)) and polish with one Newton step.
+The KL solver (KL has no closed form, Prop. 4). The design asks for a vectorized bisection; we keep its guarantee,
+not its cost. The lower root is solved in x = log r, where g(p, e^x) = G(x) = -p x - q log1p(-(p/q) expm1(x)) is
+convex and decreasing; the upper root is the lower root of the mirror problem (p <-> q, Mirror identity). A proven
+bracket [lo, hi] of x follows from q log q <= -q log c <= 0 and G'' <= p/q (`_kl_bracket`). Newton starts at hi: by
+convexity its first iterate lands left of the root and the later ones move monotonically right, so every iterate is
+a new lower end of the bracket (a one-sided bracketing method), and each step is clamped to [lo, hi] so rounding
+cannot leave it. The first step's error, bounded over the whole (p, delta) domain, and quadratic convergence fix the
+count: 3 steps in float32, 4 in float64 (derived and asserted in derivations/derive_kl_solver.py), where bisecting
+the same bracket (width <= 1) takes 24 / 53 halvings per root. The authors bisect in r instead, which cannot resolve
+roots near 0 and 1/p (hence their overrides near p = 0 and 1) and reads the bracket width back to the host every
+step. No `.item()`, no data-dependent Python branch here: it runs unchanged under torch.compile and CUDA graphs.
+Divergences without such a bracket (the generic path: Hellinger) bisect x in [-40, 0] to the dtype's precision
+(ceil(log2(40 / eps)) = 29 / 58 halvings) and polish with one clamped Newton step; their saturation is Prop. 3.
 
 Edge cases: old_logp > 0 (rounding noise) is treated as 0 (p = 1: lower = r*, upper = 1); old_logp = -inf (p = 0)
 gives lower = 0, upper = inf; NaN propagates to NaN; nothing raises or loops on bad tensor values. Where 1/p
@@ -62,26 +61,23 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 X_FLOOR = -1000.0  # log r below which r = exp(x) is 0 in every float dtype: the solver's bracket never goes lower
-X_GENERIC_MIN = -40.0  # generic path brackets log r_lower in [-40, 0]: a lower bound below e^-40 ~ 4e-18 is 0 for us
+X_GENERIC_MIN = -40.0  # the generic path brackets log r_lower in [-40, 0]: bounds below e^-40 ~ 4e-18 come out ~e^-40
 
 
 # --- the divergence registry ------------------------------------------------------------------------------------
 class Divergence(NamedTuple):
-    """One generator f, written around its minimum: phi(t) = f(1 + t) for t >= -1 (exact near t = 0)."""
+    """One generator f. f and df get r and t = r - 1, both exact, and use whichever keeps the digits (t near r = 1,
+    r near r = 0: float64's 1 + t cannot hold r = 1e-20)."""
 
-    phi: Callable  # phi(t) = f(1 + t)
-    dphi: Callable  # phi'(t) = f'(1 + t)
+    f: Callable  # (r, t) -> f(r)
+    df: Callable  # (r, t) -> f'(r)
     f0: float  # f(0); math.inf when a token can never be driven to zero (then no saturation, Prop. 3)
     r_star: Callable  # delta -> lim_{p -> 1} lower (Prop. 1), a Python float
     closed_form: Optional[Callable] = None  # (old_logp, delta) -> (lower, upper), Prop. 4
-    g: Optional[Callable] = None  # (x, p, q, a) -> (g_f(p, e^x), d/dx) when the generic formula from phi loses digits
+    g: Optional[Callable] = None  # (x, p, q, a) -> (g_f(p, e^x), d/dx) when the generic formula from f loses digits
     bracket: Optional[Callable] = None  # (p, q, log_q, delta) -> proven (lo, hi) of log r_lower; None: [-40, 0]
-    newton: Optional[Callable] = None  # accurate Newton update x -> x_new; None: x - (g - delta) / g' 
+    newton: Optional[Callable] = None  # accurate Newton update x -> x_new; None: x - (g - delta) / g'
     newton_steps: Optional[dict] = None  # dtype -> fixed Newton count when bracket + newton need no bisection
-
-
-def _sqrt_t(t):  # sqrt(1 + t) - 1 without cancellation near t = 0
-    return t / (torch.sqrt(1 + t) + 1)
 
 
 def _tv_closed(old_logp, delta):
@@ -99,8 +95,8 @@ def _chi2_closed(old_logp, delta):
 
 def _kl_bracket(p, q, log_q, delta):
     """Proven bracket of x = log r_lower for KL (derive_kl_solver.py): with G(x) = g(p, e^x),
-    G >= -p x + q log q   (the term -q log c lies in [q log q, 0])         =>  x >= (q log q - delta) / p = lo;
-    G <= -p x  and  G <= p x^2 / (2 q)   (G(0) = G'(0) = 0, G'' <= p / q)   =>  x <= -max(delta/p, sqrt(2 delta q/p))."""
+    G >= -p x + q log q   (the term -q log c lies in [q log q, 0])      =>  x >= (q log q - delta) / p = lo;
+    G <= -p x,  G <= p x^2 / (2 q)   (G(0) = G'(0) = 0, G'' <= p / q)   =>  x <= -max(delta/p, sqrt(2 delta q/p))."""
     lo = ((q * log_q - delta) / p).clamp_min(X_FLOOR)
     hi = -torch.maximum(delta / p, torch.sqrt(2 * delta * q / p))
     return lo, hi.clamp(X_FLOOR, -torch.finfo(p.dtype).tiny)
@@ -108,8 +104,7 @@ def _kl_bracket(p, q, log_q, delta):
 
 def _kl_g(x, p, q, a):
     """KL: g(p, e^x) = -p x - q log1p(u), u = c - 1 = -(p/q) expm1(x), and dg/dx = -u / (1 + u). This is the generic
-    p phi(r - 1) + q phi(c - 1) with the linear terms p (r - 1) + q (c - 1) = 0 cancelled exactly and log r = x used
-    directly (log1p(expm1(x)) loses all digits of r when x << 0)."""
+    p f(r) + q f(c) with the linear terms p (r - 1) + q (c - 1) = 0 cancelled exactly and log r = x used directly."""
     u = -a * torch.expm1(x)
     return -p * x - q * torch.log1p(u), -u / (1 + u)
 
@@ -131,8 +126,8 @@ _KL_NEWTON_STEPS = {torch.float32: 3, torch.float64: 4}
 
 DIVERGENCES = {
     "bandkl": Divergence(
-        phi=lambda t: t - torch.log1p(t),
-        dphi=lambda t: t / (1 + t),
+        f=lambda r, t: t - torch.where(r < 0.5, torch.log(r), torch.log1p(t)),
+        df=lambda r, t: t / r,
         f0=math.inf,
         r_star=lambda d: math.exp(-d),
         g=_kl_g,
@@ -141,23 +136,23 @@ DIVERGENCES = {
         newton_steps=_KL_NEWTON_STEPS,
     ),
     "bandtv": Divergence(
-        phi=lambda t: 0.5 * t.abs(),
-        dphi=lambda t: 0.5 * torch.sign(t),
+        f=lambda r, t: 0.5 * t.abs(),
+        df=lambda r, t: 0.5 * torch.sign(t),
         f0=0.5,
         r_star=lambda d: max(1.0 - d, 0.0),
         closed_form=_tv_closed,
     ),
     "bandchi2": Divergence(
-        phi=lambda t: t * t,
-        dphi=lambda t: 2 * t,
+        f=lambda r, t: t * t,
+        df=lambda r, t: 2 * t,
         f0=1.0,
         r_star=lambda d: 1.0,
         closed_form=_chi2_closed,
     ),
     # Generic path: nothing but f. f(u) = (sqrt(u) - 1)^2 is twice the squared Hellinger distance of some texts.
     "bandhellinger": Divergence(
-        phi=lambda t: _sqrt_t(t) ** 2,
-        dphi=lambda t: 1 - torch.rsqrt(1 + t),
+        f=lambda r, t: (t / (torch.sqrt(r) + 1)) ** 2,  # = (sqrt r - 1)^2 without cancellation near r = 1
+        df=lambda r, t: 1 - torch.rsqrt(r),
         f0=1.0,
         r_star=lambda d: max(1.0 - d / 2, 0.0) ** 2,
     ),
@@ -166,14 +161,14 @@ DIVERGENCES = {
 
 # --- the solver ---------------------------------------------------------------------------------------------------
 def _g(div, x, p, q, a):
-    """g_f(p, e^x) and its x-derivative e^x dg/dr = p e^x (f'(r) - f'(c)) (Theorem 1), with r - 1 = expm1(x) and
-    c - 1 = -(p/q) expm1(x) computed without cancellation."""
+    """g_f(p, e^x) and its x-derivative e^x dg/dr = p e^x (f'(r) - f'(c)) (Theorem 1), with r = e^x, r - 1 = expm1(x)
+    and c - 1 = -(p/q) expm1(x) computed without cancellation (c >= 1 here, so 1 + (c - 1) keeps its digits)."""
     if div.g is not None:
         return div.g(x, p, q, a)
-    em1 = torch.expm1(x)
-    u = -a * em1
-    g = p * div.phi(em1) + q * div.phi(u)
-    return g, p * torch.exp(x) * (div.dphi(em1) - div.dphi(u))
+    r, t = torch.exp(x), torch.expm1(x)
+    u = -a * t
+    c = 1 + u
+    return p * div.f(r, t) + q * div.f(c, u), p * r * (div.df(r, t) - div.df(c, u))
 
 
 def _log_lower_root(p, q, log_q, delta, div):
@@ -203,7 +198,7 @@ def _log_lower_root(p, q, log_q, delta, div):
             x_new = x - (g - delta) / dg
         x = torch.minimum(torch.maximum(x_new, lo), hi)  # NaN-free: clamp keeps [lo, hi] even for +-inf steps
     if math.isfinite(div.f0):  # Prop. 3: r_lower = 0 iff g(p, 0) = p f(0) + q f(1/q) <= delta
-        saturated = p * div.f0 + q * div.phi(a) <= delta
+        saturated = p * div.f0 + q * div.f(1 + a, a) <= delta
         x = torch.where(saturated, -math.inf, x)
     return x
 
@@ -269,9 +264,10 @@ def clip_higher(old_logp, delta=None, eps_low=0.2, eps_high=0.28):
 def dcpo(old_logp, delta=None, eps_low=0.16, eps_high=0.20):
     """DCPO dynamic-adaptive clip with q = p (PAPER.md §3): L = 1/2 + 1/2 sqrt(max(1 - 4 eps_low / p, 0)),
     U = 1/2 + 1/2 sqrt(1 + 4 eps_high / p). Not confined to [0, 1/p] (U > 1/p as p -> 1)."""
-    inv_p = torch.exp(-_working(old_logp))  # inf for p = 0, so eps = 0 must not multiply it
-    lower = 0.5 + 0.5 * torch.sqrt((1 - 4 * eps_low * inv_p).clamp_min(0)) if eps_low > 0 else torch.ones_like(inv_p)
-    upper = 0.5 + 0.5 * torch.sqrt(1 + 4 * eps_high * inv_p) if eps_high > 0 else torch.ones_like(inv_p)
+    inv_p = torch.exp(-_working(old_logp))  # inf for p = 0: an eps of 0 (or below the dtype's range) must not meet it
+    tiny = torch.finfo(inv_p.dtype).tiny
+    lower = 0.5 + 0.5 * torch.sqrt((1 - 4 * eps_low * inv_p).clamp_min(0)) if eps_low > tiny else torch.ones_like(inv_p)
+    upper = 0.5 + 0.5 * torch.sqrt(1 + 4 * eps_high * inv_p) if eps_high > tiny else torch.ones_like(inv_p)
     return lower.to(old_logp.dtype), upper.to(old_logp.dtype)
 
 

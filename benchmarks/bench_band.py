@@ -151,7 +151,8 @@ def main():
         logp.clamp(-20.0, 0.0)
 
     rows["plain clamp (unit)"] = timed(clamp, args.repeats, args.device)
-    rows["authors: bisection on r, 50 it, sync/it"] = timed(lambda: authors_bandkl(logp, delta), max(2, args.repeats // 2), args.device)
+    rows["authors: bisection on r, 50 it, sync/it"] = timed(
+        lambda: authors_bandkl(logp, delta), max(2, args.repeats // 2), args.device)
     rows["ours: log-space Newton, eager"] = timed(lambda: band.band(logp, "bandkl", delta), args.repeats, args.device)
     compile_note = ""
     if not args.no_compile:
@@ -176,7 +177,8 @@ def main():
           f"{torch.get_num_threads()} thread(s), torch {torch.__version__}; median of {args.repeats}")
     print(f"errors: worst relative error vs 50-digit mpmath on {len(sub)} tokens (denominator >= float32 tiny)")
     print()
-    print(f"| {'solver':<42} | {'time ms':>9} | {'x clamp':>8} | {'speed-up':>8} | {'err lower':>9} | {'err upper':>9} |")
+    head = ("solver", "time ms", "x clamp", "speed-up", "err lower", "err upper")
+    print(f"| {head[0]:<42} | {head[1]:>9} | {head[2]:>8} | {head[3]:>8} | {head[4]:>9} | {head[5]:>9} |")
     print(f"|{'-' * 44}|{'-' * 11}|{'-' * 10}|{'-' * 10}|{'-' * 11}|{'-' * 11}|")
     for name, (t, out) in rows.items():
         if out is None:

@@ -108,7 +108,7 @@ def derived_newton_steps(n=240):
     P, Q = logp.exp(), -torch.expm1(logp)
     A = P / Q
     lo, hi = band._kl_bracket(P, Q, torch.log1p(-P), d)
-    # reference root: plain bisection (64 halvings of a bracket at most 1 wide, G's q log(1/q) / p <= 1: to the last bit)
+    # reference root: plain bisection, 64 halvings of a bracket at most q log(1/q) / p <= 1 wide: to the last bit
     a_, b_ = lo.clone(), hi.clone()
     for _ in range(64):
         mid = 0.5 * (a_ + b_)
@@ -146,7 +146,6 @@ def test_kl_solver_step_counts_are_derived():
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
     torch.set_num_threads(1)
     for name, fn in list(globals().items()):
         if name.startswith("test_"):

@@ -1,11 +1,12 @@
 """Proposition 1 (asymptotics of the band), derived with sympy and compared with band.py at extreme p.
 
-p -> 1. For r < 1 fixed, c = (1 - p r)/(1 - p) -> infinity and (1 - p) f(c) = (1 - p r) f(c)/c -> (1 - r) f'_inf with
-f'_inf = lim f(u)/u, so g -> f(r) + (1 - r) f'_inf and the lower bound tends to r* solving f(r*) + (1 - r*) f'_inf = delta:
+p -> 1. For r < 1 fixed, c = (1 - p r)/(1 - p) -> infinity and (1 - p) f(c) = (1 - p r) f(c)/c -> (1 - r) f'_inf
+with f'_inf = lim f(u)/u, so g -> f(r) + (1 - r) f'_inf and the lower bound tends to r* solving
+f(r*) + (1 - r*) f'_inf = delta:
     KL e^-delta,   TV max(1 - delta, 0),   chi^2 1 (f'_inf = inf),   Hellinger (1 - delta/2)^2.
 The upper bound is squeezed to 1 by r <= 1/p.
-p -> 0. Write b = p r for the new probability of the token: g = p f(b/p) + (1 - p) f((1 - b)/(1 - p)) -> b f'_inf + f(1 - b),
-so the largest probability rise p (upper - 1) -> b* solving b f'_inf + f(1 - b) = delta:
+p -> 0. Write b = p r for the new probability of the token: g = p f(b/p) + (1 - p) f((1 - b)/(1 - p)) tends to
+b f'_inf + f(1 - b), so the largest probability rise p (upper - 1) -> b* solving b f'_inf + f(1 - b) = delta:
     KL 1 - e^-delta (non-vanishing, unlike the clip's eps p),   TV delta,   Hellinger delta - delta^2/4,
     chi^2 0, like sqrt(delta p) (g = p (r - 1)^2 / (1 - p) exactly).
 And for any r in (0, 1), g(p, r) -> p f(r) + f(1) = 0 as p -> 0, so eventually g < delta: lower -> 0.
@@ -26,9 +27,11 @@ import band  # noqa: E402
 from derive_lemma1 import GENERATORS, one_thread, u  # noqa: E402,F401  (one_thread: autouse fixture)
 
 p, r, b, delta = sp.symbols("p r b delta", positive=True)
-R_STAR = {"bandkl": sp.exp(-delta), "bandtv": 1 - delta, "bandchi2": sp.Integer(1), "bandhellinger": (1 - delta / 2) ** 2}
+R_STAR = {"bandkl": sp.exp(-delta), "bandtv": 1 - delta, "bandchi2": sp.Integer(1),
+          "bandhellinger": (1 - delta / 2) ** 2}
 DELTAS = (sp.Rational(1, 100), sp.Rational(1, 20), sp.Rational(1, 10), sp.Rational(9, 10))
-B_STAR = {"bandkl": 1 - sp.exp(-delta), "bandtv": delta, "bandchi2": sp.Integer(0), "bandhellinger": delta - delta**2 / 4}
+B_STAR = {"bandkl": 1 - sp.exp(-delta), "bandtv": delta, "bandchi2": sp.Integer(0),
+          "bandhellinger": delta - delta**2 / 4}
 
 
 def slope_at_infinity(f):

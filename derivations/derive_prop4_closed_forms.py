@@ -46,10 +46,10 @@ def test_prop4_band_closed_forms_match_formula_and_numerical_solver():
     ps = torch.cat([torch.logspace(-9, -0.0001, 300, dtype=torch.float64), torch.tensor([0.5, 0.9, 0.999999])])
     logp = ps.log()
     for dv in (1e-4, 0.05, 0.1, 0.5, 2.0):
-        inv_p = 1 / ps
+        inv_p, half = 1 / ps, (dv * (1 - ps) / ps).sqrt()
         want = {
             "bandtv": ((1 - dv / ps).clamp_min(0), torch.minimum(inv_p, 1 + dv / ps)),
-            "bandchi2": ((1 - (dv * (1 - ps) / ps).sqrt()).clamp_min(0), torch.minimum(inv_p, 1 + (dv * (1 - ps) / ps).sqrt())),
+            "bandchi2": ((1 - half).clamp_min(0), torch.minimum(inv_p, 1 + half)),
         }
         for name, (wl, wu) in want.items():
             lower, upper = band.band(logp, name, dv)

@@ -89,8 +89,10 @@ def mp_band(name, logp, delta):
 def accuracy_points(n, seed):
     """(logp, delta) over the issue's domain: log p in [-60, -1e-12], delta in [1e-4, 2], edges included."""
     rng = random.Random(seed)
-    pts = [(-(10 ** rng.uniform(-12, math.log10(60)) if i % 2 else rng.uniform(1e-12, 60)), 10 ** rng.uniform(-4, math.log10(2)))
-           for i in range(n)]
+    pts = []
+    for i in range(n):  # log p log-uniform in |log p| (near 0) and uniform (the tail), delta log-uniform
+        lp = -(10 ** rng.uniform(-12, math.log10(60))) if i % 2 else -rng.uniform(1e-12, 60)
+        pts.append((lp, 10 ** rng.uniform(-4, math.log10(2))))
     pts += [(lp, d) for lp in (-60.0, -30.0, -1.0, -1e-6, -1e-12) for d in (1e-4, 0.05, 2.0)]
     return pts
 
@@ -173,7 +175,8 @@ def test_lemma1_uniform_complement_is_optimal(name):
         old = random_old(gen, 24, n)
         p = old[:, 0]
         # ratios below 1 and up to 0.95 / p (the complement keeps some mass)
-        r = torch.empty(24, dtype=F64).uniform_(0.05, 0.95, generator=gen) * torch.where(torch.rand(24, generator=gen) < 0.5, 1, 1 / p)
+        side = torch.where(torch.rand(24, generator=gen) < 0.5, 1, 1 / p)
+        r = torch.empty(24, dtype=F64).uniform_(0.05, 0.95, generator=gen) * side
         mass = 1 - p * r  # new mass of the complement
         uniform = (1 - p) * F[name][0](mass / (1 - p))  # the complement's share of D_f at c
         best = min_complement_divergence(name, old, mass)
@@ -211,7 +214,8 @@ def test_theorem1_band_is_exactly_the_reachable_ratios(name):
             # the uniformly rescaled distribution at each end has D_f = delta, unless the end is a simplex end
             # (Prop. 3) or not representable (KL's r or c below 1e-300: e^-delta/p underflows)
             can_saturate = name != "bandkl"  # KL's f(0) = inf: a 0 lower bound is an underflow, not Prop. 3
-            for end, sat in ((lower, (lower == 0) & can_saturate), (upper, (upper >= 1 / p * (1 - 1e-12)) & can_saturate)):
+            at_simplex = ((lower == 0) & can_saturate, (upper >= 1 / p * (1 - 1e-12)) & can_saturate)
+            for end, sat in zip((lower, upper), at_simplex):
                 c = (1 - p * end) / (1 - p)
                 uniform = torch.cat([(p * end)[:, None], c[:, None] * old[:, 1:]], -1)
                 d = divergence(name, uniform, old)
@@ -233,15 +237,19 @@ PAPER_TABLE = [  # PAPER.md §2, KL, delta = 0.05: (p, lower, upper)
 ]
 
 
+def last_digit(v):
+    """One unit in the last printed digit of v (0.0024974 -> 1e-7)."""
+    return 10 ** (math.floor(math.log10(v)) - len(str(v).replace(".", "").lstrip("0")) + 1)
+
+
 @pytest.mark.parametrize("dtype", [F32, F64])
 def test_theorem1_paper_reference_values(dtype):
     """The paper's table of Band-KL bounds at delta = 0.05 (to the digits printed there)."""
     ps = torch.tensor([row[0] for row in PAPER_TABLE], dtype=dtype)
     lower, upper = band.band(ps.log(), "bandkl", 0.05)
     for (p, lo, up), got_lo, got_up in zip(PAPER_TABLE, lower.tolist(), upper.tolist()):
-        digits = lambda v: 10 ** (math.floor(math.log10(abs(v))) - len(str(v).replace(".", "").lstrip("0")) + 1)  # noqa: E731
-        assert abs(got_up - up) <= 0.5 * digits(up) * 1.01, (p, got_up, up)
-        assert (got_lo < 1e-6) if lo == 0 else abs(got_lo - lo) <= 0.5 * digits(lo) * 1.01, (p, got_lo, lo)
+        assert abs(got_up - up) <= 0.5 * last_digit(up) * 1.01, (p, got_up, up)
+        assert (got_lo < 1e-6) if lo == 0 else abs(got_lo - lo) <= 0.5 * last_digit(lo) * 1.01, (p, got_lo, lo)
 
 
 @pytest.fixture(scope="module")
