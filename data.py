@@ -140,7 +140,8 @@ def _read_file(path):
 
 
 def _hub_rows(name, split, data_dir):
-    """[(row, source, index)] of a named set: `datasets`, else a huggingface_hub snapshot, else the local mirror data_dir."""
+    """[(row, source, index)] of a named set: through `datasets`, else a huggingface_hub snapshot, else the local
+    mirror data_dir."""
     repo, config, splits, pattern, _ = HUB[name]
     if split not in splits:
         raise ValueError(f"{name} has no {split!r} split; it has {sorted(splits)}")

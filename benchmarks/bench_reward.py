@@ -5,7 +5,8 @@ Typical completions: ~1.5 kB of reasoning with inline LaTeX, then the final answ
 \\frac{1}{2}, \\sqrt{12} for 2\\sqrt{3}, ...), 40% wrong, 10% without a final answer. The reference answers:
 "integer" is AIME / AMC / DAPO-Math-17k (whose answers are all integers); "paper's training mix" is DAPO-Math-17k
 + MATH levels 3-5 (~90% integers); "MATH-500-like" ~60% integers, the rest fractions, radicals, expressions with a
-variable and intervals; the last row has no integer answer at all (every distinct answer goes to math-verify). The verdict cache of reward.py is emptied before every row, so each row pays for its
+variable and intervals; the last row has no integer answer at all (every distinct answer goes to math-verify).
+The verdict cache of reward.py is emptied before every row, so each row pays for its
 own math-verify calls (math-verify's own parse cache in the workers stays warm, as in training).
 
     python benchmarks/bench_reward.py            # prints a table; the target is >= 1,000 scores/s
@@ -47,7 +48,8 @@ def completions(rng, prompts, kinds, group=16):
         for _ in range(group):
             u = rng.random()
             final = ref if u < 0.4 else other if u < 0.5 else wrong if u < 0.9 else None
-            tail = "" if final is None else rng.choice([f"\n\nAnswer: {final}", f"\n\nSo the answer is $\\boxed{{{final}}}$."])
+            endings = [f"\n\nAnswer: {final}", f"\n\nSo the answer is $\\boxed{{{final}}}$."]
+            tail = "" if final is None else rng.choice(endings)
             responses.append(FILLER[: rng.randint(800, len(FILLER))] + tail)
             answers.append(ref)
     return responses, answers

@@ -286,7 +286,8 @@ def test_score_batch_reward_map():
     assert reward.score_batch(responses, answers) == [1.0, 0.0, 0.0, 1.0]
     assert reward.score_batch(responses, answers, correct=1, incorrect=-1) == [1, -1, -1, 1]
     assert reward.score_batch(responses, answers, correct=1, incorrect=-1, missing=-2) == [1, -2, -1, 1]
-    assert reward.score_batch(responses, answers, correct=1, incorrect=-1, missing=-2, scorer="dapo") == [-1, -2, -2, -1]
+    dapo = reward.score_batch(responses, answers, correct=1, incorrect=-1, missing=-2, scorer="dapo")
+    assert dapo == [-1, -2, -2, -1]
     assert reward.score_batch([], []) == []
     with pytest.raises(ValueError, match="scorer"):
         reward.score_batch(["a"], ["b"], scorer="exact")
