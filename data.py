@@ -252,6 +252,17 @@ def _keep(row, rule):
     return level in ("3", "4", "5")
 
 
+def split_names(names):
+    """"gsm8k,arithmetic:1,3" -> ["gsm8k", "arithmetic:1,3"]: commas separate sets, except inside arithmetic levels."""
+    out = []
+    for part in filter(None, (p.strip() for p in names.split(","))):
+        if part.isdigit() and out and out[-1].startswith("arithmetic:"):
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
 def check_name(name_or_path):
     """Raise ValueError unless `load` knows this name (or it is a readable local file); loads nothing."""
     name = str(name_or_path)

@@ -146,7 +146,7 @@ def main(argv=None):
     if args.n < 1:
         p.error("--n must be >= 1")
     try:
-        names = [d for d in args.data.split(",") if d]
+        names = data.split_names(args.data)
         for name in names:
             data.check_name(name)
         datasets = {name: data.load(name, split=args.split, n=args.limit, seed=args.seed, data_dir=args.data_dir)

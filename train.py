@@ -123,7 +123,7 @@ def resolve_config(cfg):
     task = cfg.data or _model_task(model)
     if not task:
         raise ValueError(f"--data is required: the model {model!r} does not name the task it was built for")
-    for name in [*split_names(task), *split_names(cfg.eval_data)]:
+    for name in [*data.split_names(task), *data.split_names(cfg.eval_data)]:
         data.check_name(name)
     if cfg.group_size < 2:
         raise ValueError(f"--group-size must be >= 2 for group advantages, got {cfg.group_size}")
@@ -138,17 +138,6 @@ def resolve_config(cfg):
     if not out_dir:
         out_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + "-" + cfg.method)
     return dataclasses.replace(cfg, model=model, data=task, out_dir=out_dir)
-
-
-def split_names(names):
-    """"gsm8k,arithmetic:1,3" -> ["gsm8k", "arithmetic:1,3"]: commas separate sets, except inside arithmetic levels."""
-    out = []
-    for part in filter(None, (p.strip() for p in names.split(","))):
-        if part.isdigit() and out and out[-1].startswith("arithmetic:"):
-            out[-1] += "," + part
-        else:
-            out.append(part)
-    return out
 
 
 def _model_task(model):
@@ -411,9 +400,9 @@ def main(argv=None):
                                       out_dir=cfg.out_dir)
         import data
         # the synthetic task is unlimited: a fixed 100k problems, so the data order does not depend on --max-steps
-        train_records = [r for name in split_names(cfg.data) for r in data.load(
+        train_records = [r for name in data.split_names(cfg.data) for r in data.load(
             name, split="train", seed=cfg.seed, n=100_000 if name.startswith("arithmetic") else None)]
-        eval_names = split_names(cfg.eval_data) or split_names(cfg.data)
+        eval_names = data.split_names(cfg.eval_data) or data.split_names(cfg.data)
         eval_sets = {n: data.load(n, split="test", n=cfg.eval_prompts or None, seed=0) for n in eval_names}
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
