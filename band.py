@@ -115,8 +115,8 @@ def _kl_newton(x, p, q, a, delta):
     x_new = x - h / h' = -((q l + delta) (1 + u) + p e^x x) / u."""
     em1 = torch.expm1(x)
     u = -a * em1
-    num = (q * torch.log1p(u) + delta) * (1 + u)
-    num += p * (1 + em1) * x  # in-place: this runs 3-4 times per root on every token, allocations show up
+    num = torch.log1p(u).mul_(q).add_(delta).mul_(1 + u)  # (q l + delta)(1 + u); in place: the hot loop of the
+    num.addcmul_(em1.add_(1).mul_(p), x)  # eager path, where every extra kernel and allocation shows up
     return num.div_(u).neg_()
 
 
@@ -174,7 +174,7 @@ def _g(div, x, p, q, a):
 def _log_lower_root(p, q, log_q, delta, div):
     """x = log r_lower: the root of g_f(p, e^x) = delta in x < 0 (-inf when the lower bound saturates at 0).
 
-    Called with (p, q) for the lower bound and with (q, p) for the upper one (mirror identity)."""
+    `_solve` calls it once on (p, q) and (q, p) stacked: the lower bound and the mirror problem of the upper one."""
     a = p / q
     if div.bracket is not None:
         lo, hi = div.bracket(p, q, log_q, delta)
@@ -196,7 +196,7 @@ def _log_lower_root(p, q, log_q, delta, div):
         else:
             g, dg = _g(div, x, p, q, a)
             x_new = x - (g - delta) / dg
-        x = torch.minimum(torch.maximum(x_new, lo), hi)  # NaN-free: clamp keeps [lo, hi] even for +-inf steps
+        x = torch.clamp(x_new, lo, hi)  # keeps [lo, hi] even for +-inf steps (a 0 derivative where p underflows)
     if math.isfinite(div.f0):  # Prop. 3: r_lower = 0 iff g(p, 0) = p f(0) + q f(1/q) <= delta
         saturated = p * div.f0 + q * div.f(1 + a, a) <= delta
         x = torch.where(saturated, -math.inf, x)
@@ -204,16 +204,20 @@ def _log_lower_root(p, q, log_q, delta, div):
 
 
 def _solve(logp, div, delta):
-    """The numerical path of `band` (every divergence can take it; TV and chi^2 have closed forms instead)."""
+    """The numerical path of `band` (every divergence can take it; TV and chi^2 have closed forms instead).
+
+    Both bounds are one problem (Mirror identity): log r_lower is the lower root for (p, q), and log s, the lower
+    root for (q, p), gives r_upper = (1 - q s) / p. They are solved together, stacked, which halves the kernel count
+    of the eager path (on a busy CPU the per-kernel cost, not the arithmetic, dominates)."""
     tiny = torch.finfo(logp.dtype).tiny  # p or q below the smallest normal: treated as tiny (keeps every step finite)
     p = logp.exp().clamp_min(tiny)  # (...)
     q = (-torch.expm1(logp)).clamp_min(tiny)  # (...)
     # log q without cancellation: log1p(-p) for p < 1/2 (q = 1 - p rounds there), log(q) for p >= 1/2
     log_q = torch.where(logp < -math.log(2), torch.log1p(-p), torch.log(q))
-    lower = _log_lower_root(p, q, log_q, delta, div).exp()
-    # upper root = lower root of the mirror problem (q, p): r_upper = (1 - q s) / p = 1 - expm1(log s) q / p
+    x = _log_lower_root(torch.stack([p, q]), torch.stack([q, p]), torch.stack([log_q, logp]), delta, div)  # (2, ...)
+    lower = x[0].exp()
     inv_p = torch.exp(-logp)  # (...) 1/p, exact even where p underflows (inf for p = 0)
-    upper = 1 - torch.expm1(_log_lower_root(q, p, logp, delta, div)) * q * inv_p
+    upper = 1 - torch.expm1(x[1]) * q * inv_p  # (1 - q s) / p = 1 + (1 - s) q / p, no cancellation
     return lower, torch.minimum(upper, inv_p)
 
 
