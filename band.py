@@ -97,9 +97,9 @@ def _kl_bracket(p, q, log_q, delta):
     """Proven bracket of x = log r_lower for KL (derive_kl_solver.py): with G(x) = g(p, e^x),
     G >= -p x + q log q   (the term -q log c lies in [q log q, 0])      =>  x >= (q log q - delta) / p = lo;
     G <= -p x,  G <= p x^2 / (2 q)   (G(0) = G'(0) = 0, G'' <= p / q)   =>  x <= -max(delta/p, sqrt(2 delta q/p))."""
-    lo = ((q * log_q - delta) / p).clamp_min(X_FLOOR)
-    hi = -torch.maximum(delta / p, torch.sqrt(2 * delta * q / p))
-    return lo, hi.clamp(X_FLOOR, -torch.finfo(p.dtype).tiny)
+    lo = (q * log_q).sub_(delta).div_(p).clamp_min_(X_FLOOR)
+    hi = torch.maximum(delta / p, (2 * delta * q / p).sqrt_()).neg_()
+    return lo, hi.clamp_(X_FLOOR, -torch.finfo(p.dtype).tiny)
 
 
 def _kl_g(x, p, q, a):
@@ -196,7 +196,7 @@ def _log_lower_root(p, q, log_q, delta, div):
         else:
             g, dg = _g(div, x, p, q, a)
             x_new = x - (g - delta) / dg
-        x = torch.clamp(x_new, lo, hi)  # keeps [lo, hi] even for +-inf steps (a 0 derivative where p underflows)
+        x = x_new.clamp_(lo, hi)  # keeps [lo, hi] even for +-inf steps (a 0 derivative where p underflows)
     if math.isfinite(div.f0):  # Prop. 3: r_lower = 0 iff g(p, 0) = p f(0) + q f(1/q) <= delta
         saturated = p * div.f0 + q * div.f(1 + a, a) <= delta
         x = torch.where(saturated, -math.inf, x)
@@ -210,14 +210,14 @@ def _solve(logp, div, delta):
     root for (q, p), gives r_upper = (1 - q s) / p. They are solved together, stacked, which halves the kernel count
     of the eager path (on a busy CPU the per-kernel cost, not the arithmetic, dominates)."""
     tiny = torch.finfo(logp.dtype).tiny  # p or q below the smallest normal: treated as tiny (keeps every step finite)
-    p = logp.exp().clamp_min(tiny)  # (...)
-    q = (-torch.expm1(logp)).clamp_min(tiny)  # (...)
+    p = logp.exp().clamp_min_(tiny)  # (...)
+    q = torch.expm1(logp).neg_().clamp_min_(tiny)  # (...)
     # log q without cancellation: log1p(-p) for p < 1/2 (q = 1 - p rounds there), log(q) for p >= 1/2
     log_q = torch.where(logp < -math.log(2), torch.log1p(-p), torch.log(q))
     x = _log_lower_root(torch.stack([p, q]), torch.stack([q, p]), torch.stack([log_q, logp]), delta, div)  # (2, ...)
     lower = x[0].exp()
     inv_p = torch.exp(-logp)  # (...) 1/p, exact even where p underflows (inf for p = 0)
-    upper = 1 - torch.expm1(x[1]) * q * inv_p  # (1 - q s) / p = 1 + (1 - s) q / p, no cancellation
+    upper = torch.expm1(x[1]).mul_(q).mul_(inv_p).neg_().add_(1)  # (1 - q s)/p = 1 + (1 - s) q/p: no cancellation
     return lower, torch.minimum(upper, inv_p)
 
 
