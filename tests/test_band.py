@@ -40,12 +40,11 @@ MP_F0 = {"bandkl": mp.inf, "bandtv": mp.mpf(1) / 2, "bandchi2": mp.mpf(1), "band
 
 def _root(h, hi_val=0):
     """Root of the decreasing function h on (-inf, 0] with h(0) < 0 < h(-inf): bracket by doubling, then solve."""
-    lo = mp.mpf(-1)
+    lo, hi = mp.mpf(-1), mp.mpf(hi_val)
     while h(lo) <= 0:
-        lo *= 2
+        lo, hi = 2 * lo, lo
         if lo < -1e30:
             return -mp.inf
-    hi = mp.mpf(hi_val)
     try:
         return mp.findroot(h, (lo, hi), solver="anderson")
     except ValueError:  # rare non-convergence: plain bisection, 200 halvings
@@ -100,10 +99,6 @@ def accuracy_points(n, seed):
 def band_one(name, logp, delta, dtype):
     lower, upper = band.band(torch.tensor([logp], dtype=dtype), name, delta)
     return lower.item(), upper.item()
-
-
-def rel_err(got, want):
-    return float(abs(mp.mpf(got) - want) / want) if want else abs(got)
 
 
 # --- Lemma 1 and Theorem 1 by brute force -------------------------------------------------------------------------
