@@ -2,9 +2,11 @@
 
 The setting of one GRPO step on the default task: 64 held-out arithmetic prompts, n = 8 samples each at T = 1,
 top-p 1 (512 completions, each stops at EOS after ~10 tokens). Tokens/s counts generated tokens only; each number
-is the median of --repeats runs after one warm-up. Weight sync: sync_weights from a separate HF module (vLLM:
-collective_rpc("reload_weights"); HF: parameter copy into the engine's own module; an HF engine that shares the
-trainer's module needs none).
+is the median of --repeats rounds after one warm-up round, the engines taking turns (so that load from other
+processes hits both alike); both live in this one process, as in training (vLLM pins its threads to a core).
+Weight sync: sync_weights from a separate HF module (vLLM: collective_rpc("reload_weights"); HF: a parameter copy
+into the engine's own module -- an HF engine that shares the trainer's module needs none).
+On a 2-core machine shared with other jobs the numbers move by 2-4x between runs: compare engines within a run.
 
     python benchmarks/bench_rollout.py [--prompts 64 --n 8 --repeats 3]
 """
@@ -25,14 +27,10 @@ import data  # noqa: E402
 import rollout  # noqa: E402
 
 
-def median_time(fn, repeats):
-    fn()  # warm-up
-    times, result = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
+def timed(fn):
+    t0 = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - t0, result
 
 
 def main():
@@ -48,28 +46,37 @@ def main():
         levels = tuple(json.load(f)["levels"])  # the default task the model was built for
     trainer_model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     kinds = ["hf"] + (["vllm"] if rollout.vllm_available() else [])
-    rows = []
+    engines, startup = {}, {}
     for kind in kinds:
-        t0 = time.perf_counter()
-        engine = rollout.make_engine(kind, args.model)
-        startup = time.perf_counter() - t0
-        records = data.arithmetic(args.prompts, split="test", levels=levels, seed=0)
-        texts = [engine.tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
-                 for r in records]
-        prompts = [engine.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        sampling = rollout.Sampling(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens, seed=0)
-        gen_s, out = median_time(lambda: engine.generate(prompts, args.n, sampling), args.repeats)
-        tokens = sum(len(c.token_ids) for c in out)
-        sync_s, _ = median_time(lambda: rollout.sync_weights(engine, trainer_model), max(args.repeats, 5))
-        rows.append((kind, startup, gen_s, tokens, tokens / gen_s, sync_s))
+        startup[kind], engines[kind] = timed(lambda: rollout.make_engine(kind, args.model))
+    tok = engines["hf"].tokenizer
+    records = data.arithmetic(args.prompts, split="test", levels=levels, seed=0)
+    prompts = [tok(tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
+                   add_special_tokens=False)["input_ids"] for r in records]
+    sampling = rollout.Sampling(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens, seed=0)
+    gen, tokens, sync = {k: [] for k in kinds}, {}, {k: [] for k in kinds}
+    load_before = os.getloadavg()[0]
+    for round_ in range(args.repeats + 1):
+        for kind, engine in engines.items():
+            seconds, out = timed(lambda: engine.generate(prompts, args.n, sampling))
+            sync_s, _ = timed(lambda: rollout.sync_weights(engine, trainer_model))
+            if round_:
+                gen[kind].append(seconds)
+                sync[kind].append(sync_s)
+                tokens[kind] = sum(len(c.token_ids) for c in out)
+    load_after = os.getloadavg()[0]
+    for engine in engines.values():
         engine.close()
 
     print(f"\n{args.prompts} prompts x n={args.n}, T=1, top-p 1, max {args.max_new_tokens} new tokens; "
-          f"torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs\n")
+          f"torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
+          f"{load_after:.1f}; medians of {args.repeats} rounds\n")
     print("| engine | startup (s) | generate (s) | generated tokens | tokens/s | weight sync (ms) |")
     print("|---|---:|---:|---:|---:|---:|")
-    for kind, startup, gen_s, tokens, tps, sync_s in rows:
-        print(f"| {kind} | {startup:.1f} | {gen_s:.2f} | {tokens} | {tps:,.0f} | {sync_s * 1e3:.1f} |")
+    for kind in kinds:
+        gen_s, sync_s = statistics.median(gen[kind]), statistics.median(sync[kind])
+        print(f"| {kind} | {startup[kind]:.1f} | {gen_s:.2f} | {tokens[kind]} | {tokens[kind] / gen_s:,.0f} "
+              f"| {sync_s * 1e3:.1f} |")
 
 
 if __name__ == "__main__":
