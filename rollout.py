@@ -76,6 +76,10 @@ def make_engine(kind="auto", model_path=DEFAULT_MODEL, *, model=None, tokenizer=
     _check_model_path(model_path)
     if kind == "auto":
         kind = "vllm" if vllm_available() else "hf"
+    if max_model_len is not None:  # e.g. eval's 1024 + 4096 on the 128-position tiny model: vLLM would refuse
+        from transformers import AutoConfig
+        limit = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+        max_model_len = min(max_model_len, limit) if limit else max_model_len
     if kind == "vllm":
         if not vllm_available():
             raise ImportError("rollout engine 'vllm' requested but vllm is not installed; use kind='hf' or 'auto'")

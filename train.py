@@ -25,7 +25,6 @@ Departures from the authors' verl recipe, on purpose:
 """
 
 import dataclasses
-import gc
 import json
 import math
 import os
@@ -428,18 +427,19 @@ def main(argv=None):
     model = build_model(cfg, device)
     ref_model = build_model(cfg, device, trainable=False) if cfg.kl_coef > 0 else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # the engine before the checkpoint: vLLM reseeds the global RNGs when it starts, the checkpoint restores them
+    engine = rollout.make_engine(cfg.rollout, cfg.model, tokenizer=tokenizer, seed=cfg.seed + RANK,
+                                 max_model_len=cfg.max_prompt_len + cfg.max_new_tokens)
     start_step = 0
     ckpt = latest_checkpoint(run_dir) if cfg.resume else None
     if ckpt:
         start_step = load_checkpoint(ckpt, model, optimizer)
         print0(f"resumed from {ckpt} at step {start_step}")
+    rollout.sync_weights(engine, model)  # after a resume the engine must start from the checkpoint's weights
 
     prompt_ids, kept, dropped = data.tokenize_prompts(train_records, tokenizer, cfg.max_prompt_len)
     train_records = [dict(r, prompt_ids=ids) for r, ids in zip(kept, prompt_ids)]
     print0(f"train prompts: {len(train_records)} ({dropped} dropped as longer than {cfg.max_prompt_len} tokens)")
-    engine = rollout.make_engine(cfg.rollout, cfg.model, tokenizer=tokenizer, seed=cfg.seed + RANK,
-                                 max_model_len=cfg.max_prompt_len + cfg.max_new_tokens)
-    rollout.sync_weights(engine, model)  # after a resume the engine must start from the checkpoint's weights
     eps = {"eps_low": cfg.eps_low if cfg.eps_low >= 0 else None,
            "eps_high": cfg.eps_high if cfg.eps_high >= 0 else None}
     metrics_file = os.path.join(run_dir, "metrics.jsonl")
@@ -548,9 +548,9 @@ def main(argv=None):
         log.close()
     if wandb_run:
         wandb_run.finish()
-    del engine  # vLLM tears its own process groups down when collected: before ours goes, not at exit
-    gc.collect()
-    dist.destroy_process_group()
+    engine.close()  # after our last collective: vLLM adopted the default process group and tears it down here
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
