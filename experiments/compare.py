@@ -175,13 +175,13 @@ def markdown(table, verdict_lines, n_seeds, max_steps):
     return "\n".join(lines + [""] + [f"- {v}" for v in verdict_lines]) + "\n"
 
 
-def plot(curves_by_config, path):
+def plot(curves_by_config, path, title="Toy-scale comparison (mean over seeds; band = min..max)"):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    for ax, (key, title) in zip(axes.flat, CURVES):
+    for ax, (key, name) in zip(axes.flat, CURVES):
         for label, runs in curves_by_config.items():
             series = [dict(c[key]) for c in runs if c[key]]
             if not series:
@@ -192,11 +192,11 @@ def plot(curves_by_config, path):
             hi = [max(s[t] for s in series) for t in steps]
             line, = ax.plot(steps, mean, label=label, lw=1.6)
             ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
-        ax.set_title(title)
+        ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8)
-    fig.suptitle("Toy-scale comparison (mean over seeds; band = min..max)")
+    fig.suptitle(title)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=110)
