@@ -22,6 +22,7 @@ bench: venv
 
 figures: venv
 	$(PY) derivations/figures.py
+	$(PY) experiments/bandit.py
 
 tiny-model: venv
 	$(PY) make_tiny_model.py

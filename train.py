@@ -271,7 +271,10 @@ def update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt
                 sums[k] = sums.get(k, 0.0) + float(v)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        if torch.isfinite(grad_norm):  # the norm is global, so every rank takes the same branch
+        # A NaN loss can still have finite gradients (clamp passes none through a NaN), so both are checked; the
+        # verdict is summed over ranks and the norm is global, so every rank takes the same branch.
+        bad = all_reduce_sums({"bad": float(not math.isfinite(total))}, device)["bad"]
+        if bad == 0 and torch.isfinite(grad_norm):
             optimizer.step()
         else:  # a non-finite loss or gradient never reaches the weights
             skipped += 1

@@ -173,3 +173,36 @@ def test_two_nodes_on_localhost(tmp_path):
     results = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), results[0][1][-2000:] + results[1][1][-2000:]
     assert [m["step"] for m in read_metrics(run)] == [1]
+
+
+def test_non_finite_loss_skips_the_update_and_keeps_the_weights(monkeypatch):
+    """A NaN in the loss never reaches the weights: the update is skipped (and counted), the weights are unchanged."""
+    import torch.distributed as dist
+
+    import rollout
+    import train
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        cfg = train.Config(model=rollout.DEFAULT_MODEL, prompts_per_step=2, mini_batch_prompts=1, group_size=2,
+                           micro_batch_size=4, max_new_tokens=6)
+        model = train.build_model(cfg, torch.device("cpu"))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        before = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+        B, P, T = 4, 3, 6
+        ids = torch.randint(4, model.config.vocab_size, (B, P + T), generator=torch.Generator().manual_seed(0))
+        attn, mask = torch.ones(B, P + T, dtype=torch.long), torch.ones(B, T)
+        old_logp = torch.full((B, T), -1.0)
+        old_logp[0, 2] = float("nan")  # poisons mini-batch 0 only
+        lower, upper = torch.full((B, T), 0.8), torch.full((B, T), 1.2)
+        advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
+        _, skipped, _ = train.update_policy(model, optimizer, cfg, torch.device("cpu"), ids, attn, mask, P,
+                                            advantages, old_logp, lower, upper)
+        assert skipped == 1  # mini-batch 0 skipped, mini-batch 1 applied
+        after = {k: v.full_tensor() for k, v in model.state_dict().items()}
+        assert all(torch.isfinite(v).all() for v in after.values())
+        assert any(not torch.equal(before[k], after[k]) for k in before)  # the finite mini-batch did update
+    finally:
+        dist.destroy_process_group()
