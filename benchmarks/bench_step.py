@@ -99,9 +99,9 @@ def main():
     if not args.skip_runs:
         rows = real_runs(["clip", "bandkl"], args.steps, args.nproc, args.rollout)
         print(f"\nTable 1: real runs, {args.nproc} ranks, mean over steps 2..{args.steps} (seconds)")
-        print(f"{'method':<8}" + "".join(f"{k.split('/')[-1]:>12}" for k in SPLIT))
+        print(f"{'method':<8}" + "".join(f"{k.split('/')[-1]:>14}" for k in SPLIT))
         for m, r in rows.items():
-            print(f"{m:<8}" + "".join(f"{r[k]:>12.3f}" for k in SPLIT))
+            print(f"{m:<8}" + "".join(f"{r[k]:>14.3f}" for k in SPLIT))
         rollout_sync = statistics.mean(r["time/rollout"] + r["time/sync"] for r in rows.values())
     res = band_overhead(args.reps)
     (tc, bc), (tb, bb) = res["clip"], res["bandkl"]
