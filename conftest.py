@@ -1,1 +1,14 @@
-# Makes the top-level modules (band.py, grpo.py, ...) importable from tests/ and derivations/.
+"""pytest set-up for tests/ and derivations/: this file's folder (the repository root) goes on sys.path, which makes
+band.py, grpo.py, ... importable; `gpu` tests are skipped without CUDA."""
+import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

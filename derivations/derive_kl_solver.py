@@ -145,10 +145,9 @@ def test_kl_solver_step_counts_are_derived():
         assert (err <= 4e-16 * (xs[sel].abs() + 1)).all(), (dv, err.max())
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the asserts pytest collects from this file, run on their own
+    import pytest
+
     torch.set_num_threads(1)
-    for name, fn in list(globals().items()):
-        if name.startswith("test_"):
-            fn()
-            print("ok", name)
     print("derived Newton steps:", derived_newton_steps()[0])
+    raise SystemExit(pytest.main([__file__, "-q"]))

@@ -108,9 +108,8 @@ def test_lemma1_jensen_on_random_complements():
                 assert (w * div.f(new / w, new / w - 1)).sum() >= uniform - 1e-12, name
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the asserts pytest collects from this file, run on their own
+    import pytest
+
     torch.set_num_threads(1)
-    for name, fn in list(globals().items()):
-        if name.startswith("test_"):
-            fn()
-            print("ok", name)
+    raise SystemExit(pytest.main([__file__, "-q"]))

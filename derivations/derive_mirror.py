@@ -46,9 +46,8 @@ def test_mirror_band_lower_from_upper_of_complement():
             torch.testing.assert_close(lower, mirrored.clamp_min(0), rtol=1e-9, atol=1e-12)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the asserts pytest collects from this file, run on their own
+    import pytest
+
     torch.set_num_threads(1)
-    for name, fn in list(globals().items()):
-        if name.startswith("test_"):
-            fn()
-            print("ok", name)
+    raise SystemExit(pytest.main([__file__, "-q"]))

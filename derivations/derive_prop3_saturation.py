@@ -68,9 +68,8 @@ def test_prop3_band_saturates_exactly_beyond_the_thresholds():
     assert (lower > 0).all() and (upper < 1 / ps).all()
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the asserts pytest collects from this file, run on their own
+    import pytest
+
     torch.set_num_threads(1)
-    for name, fn in list(globals().items()):
-        if name.startswith("test_"):
-            fn()
-            print("ok", name)
+    raise SystemExit(pytest.main([__file__, "-q"]))

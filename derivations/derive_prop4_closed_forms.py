@@ -60,9 +60,8 @@ def test_prop4_band_closed_forms_match_formula_and_numerical_solver():
             torch.testing.assert_close(nu, wu, rtol=1e-9, atol=0)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the asserts pytest collects from this file, run on their own
+    import pytest
+
     torch.set_num_threads(1)
-    for name, fn in list(globals().items()):
-        if name.startswith("test_"):
-            fn()
-            print("ok", name)
+    raise SystemExit(pytest.main([__file__, "-q"]))

@@ -98,9 +98,8 @@ def test_theorem1_band_g_matches_symbolic_g():
                 assert abs(dgot.item() - dwant) <= 1e-9 * abs(dwant), (name, pv, xv, dgot.item(), dwant)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the asserts pytest collects from this file, run on their own
+    import pytest
+
     torch.set_num_threads(1)
-    for name, fn in list(globals().items()):
-        if name.startswith("test_"):
-            fn()
-            print("ok", name)
+    raise SystemExit(pytest.main([__file__, "-q"]))

@@ -193,3 +193,11 @@ def test_tokenize_prompts_with_a_real_tokenizer():
     for x, r in zip(ids, kept):
         assert x.count(vocab["<bos>"]) == 1 and x[-1] == vocab["<|assistant|>"]
         assert tokenizer.decode(x) == f"<bos><|user|>{r['messages'][0]['content']}<eos><|assistant|>"
+
+
+def test_split_names_keeps_arithmetic_levels_whole():
+    """Commas separate data sets, except the level list of the synthetic task ("arithmetic:1,3")."""
+    assert data.split_names("gsm8k,arithmetic:1,3,aime24") == ["gsm8k", "arithmetic:1,3", "aime24"]
+    assert data.split_names("arithmetic:1,3") == ["arithmetic:1,3"]
+    assert data.split_names(" aime24 , amc23,") == ["aime24", "amc23"]
+    assert data.split_names("") == []

@@ -62,8 +62,10 @@ def test_train_two_ranks_runs_end_to_end(engine, tmp_path):
     if engine == "vllm" and not vllm_available():
         pytest.skip("vllm is not importable")
     run = tmp_path / "run"
+    # the HF run also takes the KL-to-reference and gradient-checkpointing paths (the paper's recipe uses both)
+    extra = ["--kl-coef", "0.001", "--grad-checkpointing"] if engine == "hf" else []
     r = torchrun(["--method", "bandkl", "--delta", "0.05", "--rollout", engine, "--max-steps", "2",
-                  "--eval-every", "1", "--save-every", "1", "--out-dir", str(run), *FAST])
+                  "--eval-every", "1", "--save-every", "1", "--out-dir", str(run), *FAST, *extra])
     assert r.returncode == 0, r.stderr[-3000:]
     rows = read_metrics(run)
     steps = [m for m in rows if "reward/mean" in m]
@@ -71,6 +73,7 @@ def test_train_two_ranks_runs_end_to_end(engine, tmp_path):
     for m in steps:
         assert REQUIRED_KEYS <= m.keys(), REQUIRED_KEYS - m.keys()
         assert 0.0 <= m["clip/frac"] <= 1.0 and m["time/step"] > 0
+        assert ("kl/ref" in m) == (engine == "hf")  # logged exactly when a reference model is used
     assert any(k.startswith("eval/") for k in rows[0])  # the step-0 evaluation
     assert sorted(os.listdir(run / "checkpoints")) == ["step_000001", "step_000002"]
     assert json.loads((run / "config.json").read_text())["method"] == "bandkl"
