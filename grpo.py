@@ -109,24 +109,31 @@ def policy_loss(logp, old_logp, advantages, mask, lower, upper, *, clip_c=10.0, 
     if clip_c is not None:                                                   # dual clip: cap the loss of Â < 0
         pg = torch.where(adv < 0, torch.minimum(pg, -clip_c * adv), pg)      # (B, T)
 
-    seq_tokens = mf.sum(-1)                                                  # (B,) |o_i|
-    seq_sum = (pg * mf).sum(-1)                                              # (B,)
-    if agg == "token-mean":
-        Z = seq_tokens.sum().clamp(min=1) if num_tokens is None else num_tokens
-        loss = seq_sum.sum() / Z
-    else:
-        Z = (seq_tokens > 0).sum().clamp(min=1) if num_seqs is None else num_seqs
-        if agg == "seq-mean-token-mean":
-            per_seq = seq_sum / seq_tokens.clamp(min=1)                      # (B,) empty rows add 0
-        elif agg == "seq-mean-token-sum":
-            per_seq = seq_sum
-        else:
-            per_seq = seq_sum / (logp.shape[-1] if max_len is None else max_len)
-        loss = per_seq.sum() / Z
-
+    loss = aggregate(pg, mf, agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
     with torch.no_grad():
         metrics = _clip_metrics(ratio, log_ratio, old_logp, adv, m, lower, upper, clip_c)
     return loss, metrics
+
+
+def aggregate(values, mask, agg, *, num_tokens=None, num_seqs=None, max_len=None):
+    """Σ_{i,t} w_i · m_it · x_it / Z of per-token values (B, T) -> 0-dim, with the weights and normalisers of
+    `policy_loss` (which uses it for the surrogate; train.py also for the KL to the reference, as the authors do)."""
+    mf = mask.to(values.dtype)                                               # (B, T)
+    seq_tokens = mf.sum(-1)                                                  # (B,) |o_i|
+    seq_sum = (values * mf).sum(-1)                                          # (B,)
+    if agg == "token-mean":
+        Z = seq_tokens.sum().clamp(min=1) if num_tokens is None else num_tokens
+        return seq_sum.sum() / Z
+    Z = (seq_tokens > 0).sum().clamp(min=1) if num_seqs is None else num_seqs
+    if agg == "seq-mean-token-mean":
+        per_seq = seq_sum / seq_tokens.clamp(min=1)                          # (B,) empty rows add 0
+    elif agg == "seq-mean-token-sum":
+        per_seq = seq_sum
+    elif agg == "seq-mean-token-sum-norm":
+        per_seq = seq_sum / (values.shape[-1] if max_len is None else max_len)
+    else:
+        raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
+    return per_seq.sum() / Z
 
 
 def _clip_metrics(ratio, log_ratio, old_logp, adv, m, lower, upper, clip_c):

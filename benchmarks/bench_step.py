@@ -11,6 +11,7 @@ the method, so the whole-step ratio adds their measured time to both. Target: Ba
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -68,10 +69,10 @@ def band_overhead(reps):
         with torch.no_grad():
             old_logp = train.sequence_logprobs(model, input_ids, attn, P, cfg.micro_batch_size)
         t1 = time.perf_counter()
-        lower, upper = band.ratio_bounds(old_logp, method, delta=0.05)
+        band.ratio_bounds(old_logp, method, delta=0.05)  # timed alone; update_policy computes it per micro-batch
         t2 = time.perf_counter()
-        train.update_policy(model, optimizer, cfg, device, input_ids, attn, mask, P, advantages, old_logp, lower,
-                            upper)
+        train.update_policy(model, optimizer, dataclasses.replace(cfg, method=method), device, input_ids, attn, mask,
+                            P, advantages, old_logp)
         return time.perf_counter() - t0, t2 - t1
 
     trainer_side("clip")  # warm-up

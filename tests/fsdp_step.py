@@ -14,7 +14,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
 
-import band  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
 
@@ -42,10 +41,9 @@ def main():
     with torch.no_grad():
         old_logp = train.sequence_logprobs(model, input_ids, attn, P, 8)
     old_logp = old_logp + 0.5 * torch.randn(old_logp.shape, generator=g)  # ratios away from 1: the band binds
-    lower, upper = band.ratio_bounds(old_logp, cfg.method, delta=cfg.delta)
     rows = torch.cat([torch.arange(m * 8, (m + 1) * 8).chunk(train.WORLD)[train.RANK] for m in range(2)])
     sums, skipped, _ = train.update_policy(model, optimizer, cfg, device, input_ids[rows], attn[rows], mask[rows], P,
-                                           advantages[rows], old_logp[rows], lower[rows], upper[rows])
+                                           advantages[rows], old_logp[rows])  # band = ratio_bounds(old_logp)
     assert skipped == 0
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if train.RANK == 0:

@@ -208,10 +208,9 @@ def test_non_finite_loss_skips_the_update_and_keeps_the_weights(monkeypatch):
         attn, mask = torch.ones(B, P + T, dtype=torch.long), torch.ones(B, T)
         old_logp = torch.full((B, T), -1.0)
         old_logp[0, 2] = float("nan")  # poisons mini-batch 0 only
-        lower, upper = torch.full((B, T), 0.8), torch.full((B, T), 1.2)
         advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
         _, skipped, _ = train.update_policy(model, optimizer, cfg, torch.device("cpu"), ids, attn, mask, P,
-                                            advantages, old_logp, lower, upper)
+                                            advantages, old_logp)
         assert skipped == 1  # mini-batch 0 skipped, mini-batch 1 applied
         after = {k: v.full_tensor() for k, v in model.state_dict().items()}
         assert all(torch.isfinite(v).all() for v in after.values())
