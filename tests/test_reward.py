@@ -1,9 +1,13 @@
-"""reward.py against labelled cases: the final answer (last `Answer:` line or last \\boxed{}, whichever comes last)
-compared with math-verify equivalence; the paper's DAPO rule (last `Answer:` line in the final 300 characters,
-Minerva normalisation, exact match, +1/-1); bounded time on adversarial inputs, also from threads."""
+"""reward.py against labelled cases: the default scorer's final answer (the last explicit one -- \\boxed{}, an
+`Answer:` line, "the (final) answer is", "####" -- else the last number or math at the end) compared with
+math-verify equivalence, on hand-written cases and on 228 real model solutions labelled by the GSM8K authors; the
+paper's DAPO rule (last `Answer:` line in the final 300 characters, Minerva normalisation, exact match, +1/-1);
+bounded time on adversarial inputs, also from threads."""
 
+import json
 import multiprocessing
 import os
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -93,11 +97,48 @@ IS_CORRECT_CASES = [
     ("Answer: 4\nso \\boxed{3}", "3", True),
     ("Answer: 4\nso \\boxed{3}", "4", False),
     ("Answer: $\\boxed{5}$", "5", True),
+    # --- the other explicit endings: lm-eval-harness gsm8k-cot, Minerva, GSM8K ---
+    ("The answer is 5", "5", True),
+    ("The answer is 18.", "18", True),
+    ("The answer is 18.", "17", False),
+    ("So the final answer is $18$", "18", True),
+    ("Final Answer: The final answer is $\\frac{1}{2}$. I hope it is correct.", "0.5", True),
+    ("The answer is: **18**", "18", True),
+    ("The answer is $\\boxed{18}$.", "18", True),
+    ("The answer is 18 miles away from home.", "18", True),
+    ("The answer is 7 kittens", "7", True),
+    ("The answer is 60%", "60", True),  # math-verify's percent rule, as for 10\\%
+    ("The answer is -5.", "5", False),
+    ("#### 72", "72", True),
+    ("#### 1,200", "1200", True),
+    ("#### $1,200", "1200", True),
+    ("**Answer:** $1,200", "1200", True),
+    # --- no explicit final answer: the last number or math at the end (math-verify's last resort) ---
+    ("A: 18", "18", True),
+    ("She eats 3 + 4 = <<3+4=7>>7 eggs\nA: 9", "9", True),
+    ("She makes 9 * 2 = $18 every day.", "18", True),
+    ("So she pays $1,200.", "1200", True),
+    ("It costs \\$1,200.50 in total.", "1200.5", True),
+    ("He runs 45 mph", "45", True),
+    ("so each friend gets 3/4", "0.75", True),
+    ("so $x = \\frac{1}{2}$", "0.5", True),
+    ("She has 5 left.", "7", False),
+    ("A: 90,000", "70000", False),
+    ("For the thirteenth glass Kylar needs to pay 5 * 1", "64", False),  # cut off mid-sentence
+    # --- precedence: an explicit final answer wins over later numbers; the last one if several ---
+    ("The answer is 18.\nCheck: 18 - 3 = 15 eggs left", "18", True),
+    ("The answer is 18.\nCheck: 18 - 3 = 15 eggs left", "15", False),
+    ("The answer is 3.\nWait, I miscounted: the answer is 4.", "4", True),
+    ("The answer is 3.\nWait, I miscounted: the answer is 4.", "3", False),
+    ("#### 3\nAnswer: 4", "4", True),
+    ("\\boxed{3}\nThe answer is 4", "4", True),
+    ("The answer is not 5; recounting gives 7", "7", True),  # "answer is" + a word is no final answer
+    ("#### Step 2\nSo the total is 7", "7", True),  # nor is a markdown heading
     # --- no final answer ---
     ("I don't know.", "5", False),
     ("", "5", False),
-    ("The answer is 5", "5", False),
-    ("#### 72", "72", False),
+    ("The answer is unclear.", "5", False),
+    ("18" + " and more words" * 200, "18", False),  # a number far before the end is no final answer
     (None, "5", False),
     ("Answer: 5", "", False),
     # --- adversarial, answered quickly and wrong ---
@@ -130,6 +171,9 @@ DAPO_CASES = [
     ("Answer: 42" + "x" * 400, "42", -1.0),  # outside the final 300 characters
     ("x" * 400 + "\nAnswer: 42", "42", 1.0),
     ("no answer here", "42", -1.0),
+    ("The answer is 42", "42", -1.0),  # the paper's rule reads `Answer:` lines only
+    ("#### 42", "42", -1.0),
+    ("A: 42", "42", -1.0),
     ("", "42", -1.0),
     (None, "42", -1.0),
 ]
@@ -142,6 +186,11 @@ ADVERSARIAL = {
     "huge factorial": "\\boxed{(9^9)!}",
     "1 MB of braces": "{" * 500_000 + "}" * 500_000,
     "1 MB of answer lines": "Answer: 1\n" * 100_000,
+    "1 MB of 'the answer is'": "the answer is " * 75_000,
+    "1 MB of \\(": "\\(" * 500_000,
+    "1 MB of $": "$ " * 500_000,
+    "1 MB of 1 +": "1 + " * 250_000,
+    "1 MB number": "9" * 1_000_000,
 }
 
 
@@ -301,6 +350,89 @@ def test_extract_answer():
     assert reward.extract_answer("\\boxed{1}\nAnswer: 2") == "2"
     assert reward.extract_answer("Answer: 2 \\boxed{1}") == "1"
     assert reward.extract_answer("nothing") is None
+    assert reward.extract_answer("The answer is 18.") == "18"
+    assert reward.extract_answer("Final Answer: The final answer is $18$. I hope it is correct.") == "18"
+    assert reward.extract_answer("The answer is 18 miles away from home.") == "18"
+    assert reward.extract_answer("#### 1,200") == "1,200"
+    assert reward.extract_answer("The answer is 18.\nCheck: 18 - 3 = 15") == "18"
+    # without an explicit final answer, math-verify's reading (parser.py extract_expr): thousands separators go,
+    # a decimal comma becomes a point, a percent sign stays
+    assert reward.extract_answer("He has 3 + 4 = 7 apples.\nA: 7") == "7"
+    assert reward.extract_answer("so she pays $1,200.") == "1200"
+    assert reward.extract_answer("so x = 3,5") == "3.5"
+    assert reward.extract_answer("so 60% of them") == "60\\%"
+    assert reward.extract_answer("so $x = \\frac{1}{2}$ works") == "x = \\frac{1}{2}"
+
+
+# --- real model outputs labelled by the GSM8K authors ------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOLUTIONS = os.path.join(ROOT, "tests", "fixtures", "gsm8k_model_solutions", "example_model_solutions.jsonl")
+MODELS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
+ENDINGS = {"Answer:": "Answer: {}", "**Answer:**": "**Answer:** {}", "####": "#### {}",
+           "the answer is": "The answer is {}.", "boxed": "So the answer is $\\boxed{{{}}}$.", "bare last line": "{}",
+           "Minerva": "Final Answer: The final answer is ${}$. I hope it is correct."}
+
+
+def labelled_solutions():
+    """(solution, reference N, the authors' label) for each of the 228 model solutions in the fixture. N is the
+    reference solution's last line "A: N", checked against GSM8K's own "#### N" for the same problem."""
+    rows = [json.loads(line) for line in open(SOLUTIONS)]
+    with open(os.path.join(ROOT, "data", "gsm8k", "test.jsonl")) as f:
+        problems = [json.loads(line) for line in f][:len(rows)]
+    out = []
+    for row, problem in zip(rows, problems, strict=True):
+        gold = re.fullmatch(r"(?s).*\nA: (\S+)", row["ground_truth"])[1]
+        assert row["question"] == problem["question"] and problem["answer"].endswith("\n#### " + gold)
+        out += [(row[m]["solution"], gold, row[m]["is_correct"]) for m in MODELS]
+    return out
+
+
+def with_ending(solution, template):
+    """The solution with its last line "A: N" written as `template` (N verbatim); unchanged if cut off before it."""
+    return re.sub(r"\nA: (\S+)$", lambda m: "\n" + template.format(m[1]), solution)
+
+
+def agreement(scores, items):
+    return sum((score == 1.0) == label for score, (_, _, label) in zip(scores, items, strict=True)) / len(items)
+
+
+def test_gsm8k_model_solutions_agree_with_the_authors_labels():
+    """The default scorer agrees with the GSM8K authors' labels on >= 99% of 228 real solutions (GPT-3 6B/175B,
+    ending in "A: N"; 79 correct). Reading only `Answer:` lines and boxes, it agreed on 65.4% (all read as wrong)."""
+    items = labelled_solutions()
+    assert len(items) == 228 and sum(label for *_, label in items) == 79
+    scores = reward.score_batch([s for s, _, _ in items], [g for _, g, _ in items])
+    assert agreement(scores, items) >= 0.99
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_gsm8k_model_solutions_with_other_endings(ending):
+    """The same labelled solutions, their last line "A: N" rewritten into another common ending with the same N (so
+    the authors' labels still hold): the default scorer still agrees with >= 99% of the labels."""
+    original = labelled_solutions()
+    items = [(with_ending(s, ENDINGS[ending]), g, label) for s, g, label in original]
+    assert sum(new != old for (new, _, _), (old, _, _) in zip(items, original)) == 226  # all but the 2 cut off
+    scores = reward.score_batch([s for s, _, _ in items], [g for _, g, _ in items])
+    assert agreement(scores, items) >= 0.99
+
+
+def test_gsm8k_model_solutions_dapo_keeps_the_papers_rule():
+    """scorer="dapo" is the paper's rule, unchanged: it reads `Answer:` lines only, so every original solution (none
+    contains the word "answer") scores -1; rewritten to end in "Answer: N", a solution scores +1 exactly when N,
+    Minerva-normalised (for a plain number: thousands commas dropped), equals the reference N -- which agrees with
+    the authors' labels on >= 99%."""
+    items = labelled_solutions()
+    assert not any("answer" in s.lower() for s, _, _ in items)
+    assert reward.score_batch([s for s, _, _ in items], [g for _, g, _ in items], correct=1.0, incorrect=-1.0,
+                              scorer="dapo") == [-1.0] * len(items)
+    expected = []
+    for s, gold, _ in items:
+        n = re.search(r"\nA: (\S+)$", s)
+        n = None if n is None else n[1].replace(",", "") if n[1].replace(",", "").isdigit() else n[1]
+        expected.append(1.0 if n == gold else -1.0)
+    rewritten = [(with_ending(s, "Answer: {}"), g, label) for s, g, label in items]
+    assert [reward.dapo_score(s, g) for s, g, _ in rewritten] == expected
+    assert agreement(expected, rewritten) >= 0.99
 
 
 @pytest.mark.parametrize("level", sorted(data.LEVELS))
