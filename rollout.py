@@ -34,7 +34,8 @@ import os
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
+from transformers import (GenerationConfig, LogitsProcessor, StoppingCriteria, TemperatureLogitsWarper,
+                          TopPLogitsWarper)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # The embedded default policy, built by make_tiny_model.py and committed (see its bandpo.json for the task).
@@ -237,11 +238,12 @@ class HFEngine:
         device = next(self.model.parameters()).device
         greedy = sampling.temperature == 0
         # Only the paper's knobs: a fresh config, so a Hub model's own defaults (top_k, repetition_penalty, ...)
-        # do not leak in. top_k=0 switches transformers' default top-k of 50 off.
-        config = dict(
-            do_sample=not greedy, temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p, top_k=None if greedy else 0, eos_token_id=self.eos_ids,
-            pad_token_id=self.pad_id, return_dict_in_generate=True)
+        # do not leak in. top_k=0 switches transformers' default top-k of 50 off. Temperature and top-p are applied
+        # by our own processors (_warpers): transformers 5 runs the caller's logits processors *before* its own
+        # warpers (generation/utils.py, _get_logits_processor), so a log-prob recorder placed after them would see
+        # the raw logits, not the distribution that is sampled from.
+        config = dict(do_sample=not greedy, temperature=None, top_p=None, top_k=None if greedy else 0,
+                      eos_token_id=self.eos_ids, pad_token_id=self.pad_id, return_dict_in_generate=True)
         # With the trainer's FSDP module every forward all-gathers the weights, so every rank must run as many decode
         # steps as the slowest (synced_gpus) -- and make as many generate calls: the caller must give every rank the
         # same number of rows. An unsharded copy (what train.py uses) needs neither; synced_gpus there would hang
@@ -268,7 +270,9 @@ class HFEngine:
             mask[i, width - len(p):] = 1
         budget = [min(sampling.max_new_tokens, self.max_model_len - len(p)) for _, p in rows]
         recorder = _LogprobRecorder() if sampling.logprobs else None
-        hooks = dict(logits_processor=[recorder], stopping_criteria=[recorder.gather]) if recorder else {}
+        hooks = dict(logits_processor=_warpers(sampling) + ([recorder] if recorder else []))
+        if recorder:
+            hooks["stopping_criteria"] = [recorder.gather]
         out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                   generation_config=GenerationConfig(**config, max_new_tokens=max(budget)),
                                   synced_gpus=synced, **hooks)
@@ -296,11 +300,19 @@ class HFEngine:
         pass
 
 
+def _warpers(sampling):
+    """Temperature, then top-p, as transformers would add them (none for greedy or at their neutral values)."""
+    if sampling.temperature == 0:
+        return []
+    out = [TemperatureLogitsWarper(sampling.temperature)] if sampling.temperature != 1.0 else []
+    return out + ([TopPLogitsWarper(sampling.top_p)] if sampling.top_p < 1.0 else [])
+
+
 class _LogprobRecorder(LogitsProcessor):
     """Keeps log p(sampled token) per step during HF generate, holding one step's (B, V) log-softmax at a time
-    (output_logits=True would keep every step's logits). As the last logits processor it sees the distribution that
-    is sampled from (after temperature / top-p), which is the model's own at T = 1, top-p = 1; its companion stopping
-    criterion, called right after sampling, picks the sampled token's entry."""
+    (output_logits=True would keep every step's logits). As the last logits processor (after _warpers) it sees the
+    distribution that is sampled from (after temperature / top-p), which is the model's own at T = 1, top-p = 1; its
+    companion stopping criterion, called right after sampling, picks the sampled token's entry."""
 
     def __init__(self):
         self.logp, self.steps = None, []

@@ -279,7 +279,8 @@ def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, t
             logits = logits / temperature                                           # (b, t, V)
         # no .float(): token_logprobs upcasts one chunk at a time instead of copying the (b, t, V) logits
         out = grpo.token_logprobs(logits, ids[:, p:], with_entropy=with_entropy)   # (b, t) [, (b, t)]
-        out = [torch.nn.functional.pad(x, (0, T - t)) for x in (out if with_entropy else (out,))]  # (b, T)
+        keep = am[:, p:].to(logits.dtype)                                           # (b, t) 0 past each response
+        out = [torch.nn.functional.pad(x * keep, (0, T - t)) for x in (out if with_entropy else (out,))]  # (b, T)
         logps.append(out[0])
         ents.extend(out[1:])
     logp = torch.cat(logps)

@@ -46,6 +46,8 @@ def run(repo, steps, nproc, rollout, extra):
         rss_gb = int(open(os.path.join(d, "rss")).read().split()[-1]) / 2**20
     row = {k: statistics.mean(m[k] for m in ms) for k in SPLIT}
     row["tokens/s"] = statistics.mean(m["tokens_per_s"] for m in ms)
+    # sampled tokens per second of the rollout alone (tokens_per_s is per whole step)
+    row["rollout tok/s"] = statistics.mean(m["tokens_per_s"] * m["time/step"] / m["time/rollout"] for m in ms)
     row["peak RSS GB"] = rss_gb
     return row
 
@@ -72,7 +74,7 @@ def main():
             finally:
                 subprocess.run(["git", "worktree", "remove", "--force", wt], cwd=ROOT, capture_output=True)
     rows["now"] = run(ROOT, args.steps, args.nproc, args.rollout, args.extra.split())
-    keys = [*SPLIT, "tokens/s", "peak RSS GB"]
+    keys = [*SPLIT, "tokens/s", "rollout tok/s", "peak RSS GB"]
     print(f"{'':<20}" + "".join(f"{k.removeprefix('time/'):>13}" for k in keys))
     for name, r in rows.items():
         print(f"{name:<20}" + "".join(f"{r[k]:>13.2f}" for k in keys))

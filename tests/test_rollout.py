@@ -55,16 +55,16 @@ def hf_engine(hf_model):
 
 
 @torch.no_grad()
-def teacher_logprobs(model, prompt, completion):
-    """(log pi(completion_t | prompt, completion_<t), max_v |logit_t,v|), both (T,), from one forward pass with a
-    float64 log_softmax."""
+def teacher_logprobs(model, prompt, completion, temperature=1.0):
+    """(log pi_T(completion_t | prompt, completion_<t), max_v |logit_t,v / T|), both (T,), from one forward pass with
+    a float64 log_softmax of the logits divided by the sampling temperature."""
     ids = torch.tensor([prompt + completion])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1: -1].double()  # (T, V)
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1: -1].double() / temperature  # (T, V)
     logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]  # (T,)
     return logp, logits.abs().amax(-1)
 
 
-def logprob_error(model, prompts, completions):
+def logprob_error(model, prompts, completions, temperature=1.0):
     """(max |engine log-prob - teacher-forced log-prob|, the float32 tolerance for it).
 
     The tolerance is what float32 guarantees, not what one machine printed. Two correct fp32 forward passes (vLLM's
@@ -77,7 +77,7 @@ def logprob_error(model, prompts, completions):
     depth = cfg.num_hidden_layers * math.sqrt(cfg.intermediate_size)
     err, scale = 0.0, 0.0
     for c in completions:
-        want, logit_max = teacher_logprobs(model, prompts[c.prompt_index], c.token_ids)
+        want, logit_max = teacher_logprobs(model, prompts[c.prompt_index], c.token_ids, temperature)
         err = max(err, (torch.tensor(c.logprobs, dtype=torch.float64) - want).abs().max().item())
         scale = max(scale, logit_max.max().item())
     return err, 2 * 2 * depth * U32 * scale
@@ -112,18 +112,23 @@ def test_length_limit_reported(hf_engine, prompts):
 
 
 # --- log-probs: each engine samples the model it claims to ---------------------------------------------------------
-def test_hf_logprobs_match_teacher_forcing(hf_engine, hf_model, prompts):
-    """Left padding and the KV cache do not change the distribution: generate's log-probs = one forward pass."""
-    out = hf_engine.generate(prompts, 4, Sampling(max_new_tokens=16, seed=3, logprobs=True))
-    err, tol = logprob_error(hf_model, prompts, out)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_hf_logprobs_match_teacher_forcing(hf_engine, hf_model, prompts, temperature):
+    """Left padding and the KV cache do not change the distribution: generate's log-probs = one forward pass, at the
+    sampling temperature (log_softmax(logits / T): what the trainer computes). At T = 0.7 the raw-logit log-probs
+    differ from these by ~0.3 |log p| (a recorder placed before transformers' temperature warper did that)."""
+    out = hf_engine.generate(prompts, 4, Sampling(temperature=temperature, max_new_tokens=16, seed=3, logprobs=True))
+    err, tol = logprob_error(hf_model, prompts, out, temperature)
     assert err <= tol, (err, tol)
 
 
 @needs_vllm
-def test_vllm_logprobs_match_hf(vllm_engine, hf_model, prompts):
-    """vLLM and HF give the same log-probs for the same sequences (to float32 rounding: see logprob_error)."""
-    out = vllm_engine.generate(prompts, 4, Sampling(max_new_tokens=16, seed=3, logprobs=True))
-    err, tol = logprob_error(hf_model, prompts, out)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_vllm_logprobs_match_hf(vllm_engine, hf_model, prompts, temperature):
+    """vLLM and HF give the same log-probs for the same sequences (to float32 rounding: see logprob_error), at the
+    sampling temperature (vLLM's processed_logprobs)."""
+    out = vllm_engine.generate(prompts, 4, Sampling(temperature=temperature, max_new_tokens=16, seed=3, logprobs=True))
+    err, tol = logprob_error(hf_model, prompts, out, temperature)
     assert err <= tol, (err, tol)
 
 

@@ -67,8 +67,11 @@ def test_train_two_ranks_runs_end_to_end(engine, tmp_path):
     if engine == "vllm" and not vllm_available():
         pytest.skip("vllm is not importable")
     run = tmp_path / "run"
-    # the HF run also takes the KL-to-reference and gradient-checkpointing paths (the paper's recipe uses both)
-    extra = ["--kl-coef", "0.001", "--grad-checkpointing"] if engine == "hf" else []
+    # the HF run also takes the KL-to-reference and gradient-checkpointing paths (the paper's recipe uses both), a
+    # temperature != 1, and 129 held-out prompts: shards of 65 and 64 need 2 and 1 generate calls (64 prompts per
+    # call), which hung when the unsharded HF engine ran with synced_gpus
+    extra = ["--kl-coef", "0.001", "--grad-checkpointing", "--temperature", "0.8", "--eval-prompts", "129",
+             "--eval-n", "1"] if engine == "hf" else []
     r = torchrun(["--method", "bandkl", "--delta", "0.05", "--rollout", engine, "--max-steps", "2",
                   "--eval-every", "1", "--save-every", "1", "--out-dir", str(run), *FAST, *extra])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -78,6 +81,10 @@ def test_train_two_ranks_runs_end_to_end(engine, tmp_path):
     for m in steps:
         assert REQUIRED_KEYS <= m.keys(), REQUIRED_KEYS - m.keys()
         assert 0.0 <= m["clip/frac"] <= 1.0 and m["time/step"] > 0
+        # the engine's log-probs of its samples = the trainer's old log-probs (both fp32 on CPU, same temperature):
+        # a 2-layer model's fp32 log-probs agree to ~ depth 64 * |logit| 30 * u = 1.1e-4 (test_rollout's bound); a
+        # temperature mismatch would show as ~0.2 * |log p|
+        assert m["rollout/logprob_diff"] <= 64 * 30 * torch.finfo(torch.float32).eps / 2, m["rollout/logprob_diff"]
         assert ("kl/ref" in m) == (engine == "hf")  # logged exactly when a reference model is used
     assert any(k.startswith("eval/") for k in rows[0])  # the step-0 evaluation
     assert sorted(os.listdir(run / "checkpoints")) == ["step_000001", "step_000002"]
@@ -159,6 +166,10 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     (["--delta", "-0.1"], "--delta must be"),
     (["--data", "no-such-set"], "no-such-set"),
     (["--model", "/no/such/model"], "/no/such/model"),
+    (["--top-p", "0.9"], "--top-p must be 1.0"),
+    (["--temperature", "0"], "--temperature must be > 0"),
+    (["--rollout-dtype", "int8"], "int8"),
+    (["--prompts-per-step", "6", "--mini-batch-prompts", "4"], "--prompts-per-step 6 is not a multiple"),
 ])
 def test_bad_flags_exit_2_with_one_line(flags, message, tmp_path):
     """Bad flags: one line naming the value on stderr, exit code 2, no run directory created."""

@@ -1,0 +1,140 @@
+"""train.py's pieces in one process (gloo, world size 1) on the embedded tiny model, each against a reference that does
+not use the piece: the log-probs of padded, trimmed, micro-batched rows with response-only logits against one
+unpadded full forward per row; the on-policy update (old log-probs = its own forward) against the off-policy update
+given separately computed old log-probs; the load-once FSDP2 build against from_pretrained; the batch-shape check
+against the rows each rank would train on.
+"""
+import copy
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
+
+import rollout
+import train
+
+U32 = torch.finfo(torch.float32).eps / 2  # float32 unit roundoff
+
+
+@pytest.fixture(scope="module")
+def group():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float64).eval()
+
+
+def batch(seed=0, B=6, P=7, T=9, vocab=60):
+    """Rows with prompts of 2..P tokens (left-padded) and responses of 1..T tokens (right-padded), as train.pack."""
+    g = torch.Generator().manual_seed(seed)
+    plen, rlen = torch.randint(2, P + 1, (B,), generator=g), torch.randint(1, T + 1, (B,), generator=g)
+    plen[0], rlen[1] = P, T  # the longest prompt and response set the width, as in a real step
+    ids = torch.zeros(B, P + T, dtype=torch.long)
+    attn = torch.zeros(B, P + T, dtype=torch.long)
+    for b in range(B):
+        ids[b, P - plen[b]:P + rlen[b]] = torch.randint(4, vocab, (int(plen[b] + rlen[b]),), generator=g)
+        attn[b, P - plen[b]:P + rlen[b]] = 1
+    return ids, attn, attn[:, P:].float(), P
+
+
+def test_build_model_loads_once_and_matches_from_pretrained(group, reference):
+    """Meta-device build + rank-0 load + broadcast: every parameter and buffer equals from_pretrained's, bit for bit
+    (a shard left uninitialised by to_empty, or rotary frequencies lost with the meta buffers, would not)."""
+    cfg = train.Config(model=rollout.DEFAULT_MODEL)
+    model = train.build_model(cfg, torch.device("cpu"))
+    ref = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32)
+    for name, p in ref.state_dict().items():
+        got = model.state_dict()[name]
+        got = got.full_tensor() if hasattr(got, "full_tensor") else got
+        assert torch.equal(got, p), name
+    bufs = dict(model.named_buffers())
+    for name, b in ref.named_buffers():
+        assert torch.equal(bufs[name], b), name
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_sequence_logprobs_equal_unpadded_forward(group, reference, temperature):
+    """Padded + trimmed micro-batches with logits for response positions only = log_softmax(logits / T) of one
+    unpadded float64 forward per row, at every response token; 0 past each response."""
+    cfg = train.Config(model=rollout.DEFAULT_MODEL)
+    model = train.build_model(cfg, torch.device("cpu"), trainable=False)
+    ids, attn, mask, P = batch()
+    with torch.no_grad():
+        logp, ent = train.sequence_logprobs(model, ids, attn, P, 4, temperature, with_entropy=True)
+    for b in range(ids.shape[0]):
+        row = ids[b][attn[b].bool()]
+        n_resp = int(mask[b].sum())
+        with torch.no_grad():
+            z = reference(row[None]).logits[0] / temperature                      # (L, V) float64
+        lp = torch.log_softmax(z, -1)[:-1].gather(-1, row[1:, None])[:, 0][-n_resp:]  # (n_resp,)
+        p = torch.softmax(z, -1)[:-1][-n_resp:]
+        h = -(p * torch.log_softmax(z, -1)[:-1][-n_resp:]).sum(-1)
+        # float32 forward of a 2-layer model vs float64: errors ~ u * |logit| * depth; |logits| < 30, depth <= 64
+        # (test_rollout's bound): 6e-24 * 30 * 64 ~ 1e-4. An off-by-one position or a missing 1/T moves O(0.1).
+        tol = 30 * 64 * U32 / temperature
+        assert torch.allclose(logp[b, :n_resp].double(), lp, atol=tol), b
+        assert torch.allclose(ent[b, :n_resp].double(), h, atol=tol), b
+        assert (logp[b, n_resp:] == 0).all()
+
+
+def test_on_policy_update_equals_off_policy_with_fresh_old_logprobs(group):
+    """One mini-batch: update_policy(old_logp=None), which takes π_old from its own forward, moves the weights exactly
+    as update_policy given old log-probs from a separate no-grad pass (the path it skips)."""
+    cfg = train.Config(model=rollout.DEFAULT_MODEL, prompts_per_step=2, mini_batch_prompts=2, group_size=3,
+                       micro_batch_size=4, max_new_tokens=9, lr=1e-2, grad_clip=1e6)
+    ids, attn, mask, P = batch(seed=1)
+    adv = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, -0.4])
+    weights = []
+    for on_policy in (True, False):
+        torch.manual_seed(0)
+        model = train.build_model(cfg, torch.device("cpu"))
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+        old = None
+        if not on_policy:
+            with torch.no_grad():
+                old = train.sequence_logprobs(model, ids, attn, P, cfg.micro_batch_size, cfg.temperature)
+        sums, skipped, _ = train.update_policy(model, opt, cfg, torch.device("cpu"), ids, attn, mask, P, adv, old,
+                                               engine_logp=None)
+        assert skipped == 0
+        weights.append({k: v.full_tensor().clone() for k, v in model.state_dict().items()})
+    before = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32).state_dict()
+    moved = max((weights[0][k] - before[k]).abs().max().item() for k in before)
+    assert moved > 1e-3  # the step moved the weights
+    for k in weights[0]:
+        # the same float32 computation in both runs, except old_logp's forward (no-grad vs grad mode: same
+        # kernels on CPU), so the ratio is 1 up to rounding either way: the weights agree to a few ulps of |w|
+        assert torch.allclose(weights[0][k], weights[1][k], rtol=8 * U32, atol=8 * U32 * moved), k
+
+
+@pytest.mark.parametrize("prompts,group_size,mini,world,ok", [
+    (4, 3, 1, 2, False),   # the issue's example: 6 rows per rank, 4 mini-batches -> 4 of 6 rows trained on
+    (4, 3, 2, 2, True),    # 6 rows per rank in 2 mini-batches of 3
+    (4, 4, 1, 2, True),
+    (6, 2, 4, 1, False),   # 6 prompts are not a multiple of 4 per mini-batch
+    (5, 4, 5, 2, False),   # 5 prompts cannot split over 2 ranks
+    (32, 8, 8, 2, True),   # the default
+])
+def test_batch_shape_check(prompts, group_size, mini, world, ok):
+    """check_batch_shape accepts exactly the shapes where every rank's rows split into whole mini-batches that, over
+    all ranks, hold the whole step: counted here by laying out the rows."""
+    cfg = train.Config(prompts_per_step=prompts, group_size=group_size, mini_batch_prompts=mini)
+    per_rank = prompts // world * group_size if prompts % world == 0 else None
+    n_mini = prompts // mini if prompts % mini == 0 else None
+    covered = per_rank is not None and n_mini is not None and per_rank // n_mini * n_mini * world == prompts * group_size
+    assert covered == ok
+    if ok:
+        train.check_batch_shape(cfg, world)
+    else:
+        with pytest.raises(ValueError, match="--prompts-per-step"):
+            train.check_batch_shape(cfg, world)
