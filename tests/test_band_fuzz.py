@@ -29,7 +29,9 @@ log_probs = st.lists(
     max_size=12,
 )
 deltas = st.floats(-6, math.log10(50)).map(lambda e: 10**e)
-FUZZ = settings(max_examples=120, deadline=None)
+# derandomize: `make test` draws the same 120 examples every run (CI must not fail by chance); set it to False
+# (or pass --hypothesis-seed with derandomize off) to explore new examples locally.
+FUZZ = settings(max_examples=120, deadline=None, derandomize=True)
 
 
 @pytest.fixture(autouse=True)
