@@ -256,16 +256,18 @@ def build_model(cfg, device, trainable=True):
     return model
 
 
-def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, temperature=1.0, with_entropy=False):
+def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, temperature=1.0, with_entropy=False,
+                      spans=None):
     """Per-token log π(y_t | prefix) of the response tokens under softmax(logits / temperature), the distribution
     the engine sampled from (verl divides the logits the same way), in micro-batches. -> (B, T) [, entropy (B, T)].
 
     Each micro-batch is cut to its own longest prompt and response (the step's batch is padded to the longest of
     all), and the LM head runs on the response positions only (logits_to_keep): the prompt's logits, a (b, P, V)
     tensor, are never made. Positions past a row's response hold 0 (masked out downstream).
+    spans: [(prompt length, response length)] of the rows (`row_spans`); computed here (one host sync) when None.
     """
     B, T = input_ids.shape[0], input_ids.shape[1] - n_prompt
-    spans = torch.stack([attn_mask[:, :n_prompt].sum(-1), attn_mask[:, n_prompt:].sum(-1)], -1).tolist()  # one sync
+    spans = row_spans(attn_mask, n_prompt) if spans is None else spans
     logps, ents = [], []
     for i in range(0, B, micro_batch_size):
         rows = slice(i, i + micro_batch_size)
@@ -285,6 +287,11 @@ def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, t
         ents.extend(out[1:])
     logp = torch.cat(logps)
     return (logp, torch.cat(ents)) if with_entropy else logp
+
+
+def row_spans(attn_mask, n_prompt):
+    """[(prompt length, response length)] of each packed row, on the host (one sync)."""
+    return torch.stack([attn_mask[:, :n_prompt].sum(-1), attn_mask[:, n_prompt:].sum(-1)], -1).tolist()
 
 
 def pack(prompt_ids, completions, device):
@@ -330,7 +337,8 @@ def update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt
     ratio_bounds of the old log-probs, per micro-batch.
     old_logp None = on-policy (a single mini-batch): π_old is π_θ before the step, i.e. this forward's own log-probs,
     detached (ratio 1), and the entropy and rollout/logprob_diff are measured here instead of in a separate pass.
-    Diagnostics stay on the device (no host sync per micro-batch); one sync per mini-batch decides the step.
+    Host syncs: one per update (the rows' lengths) and one per mini-batch (the skip decision); diagnostics stay on
+    the device until the step's single all_reduce_sums.
     Returns (summed diagnostics as 0-dim tensors, skipped updates, last grad norm).
     """
     clip_c = cfg.clip_c if cfg.clip_c > 0 else None
@@ -341,6 +349,7 @@ def update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt
     if on_policy and n_mini > 1:
         raise ValueError("old_logp is required when a rollout feeds several mini-batches (off-policy)")
     sums, skipped, grad_norm = {}, 0, torch.tensor(0.0)
+    spans = row_spans(attn, n_prompt)  # the micro-batches' trimmed widths: one host sync for the whole update
     for m in range(n_mini):
         rows = range(m * per_mini, (m + 1) * per_mini)
         n_tokens = mask[rows.start:rows.stop].sum()  # (), summed over ranks below: the global normaliser Z
@@ -352,7 +361,7 @@ def update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt
         for i in range(rows.start, rows.stop, cfg.micro_batch_size):
             mb = slice(i, min(i + cfg.micro_batch_size, rows.stop))
             out = sequence_logprobs(model, input_ids[mb], attn[mb], n_prompt, cfg.micro_batch_size,
-                                    cfg.temperature, with_entropy=on_policy)
+                                    cfg.temperature, with_entropy=on_policy, spans=spans[mb])
             logp = out[0] if on_policy else out                                     # (b, T)
             old = logp.detach() if on_policy else old_logp[mb]                      # (b, T)
             lower, upper = band.ratio_bounds(old, cfg.method, delta=cfg.delta, max_ratio=cfg.max_ratio, **eps)
