@@ -7,6 +7,7 @@ NPROC ?= 2
 
 venv:
 	@bash scripts/bootstrap.sh
+	@bash scripts/bootstrap_verl.sh  # .venv-verl: verl 0.9.1 for tests/test_verl_bandpo.py (it pins an older transformers)
 
 demo: venv
 	$(TORCHRUN) --nproc_per_node $(NPROC) train.py --method bandkl --delta 0.05
