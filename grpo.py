@@ -13,6 +13,9 @@ accumulation bug it avoids. Also here: the GRPO advantage (unbiased group std, a
 KL-to-reference estimators (k1, k2, k3, low_var_kl), a chunked token log-prob that never holds a second
 full-vocabulary float32 tensor, and the clip diagnostics of the paper's Figure 3, returned as sums/counts.
 
+Out-of-band counts regardless of the advantage's sign (`band/out_upper_frac`, `band/out_lower_frac`, and per
+old-probability bin) show where the band acts, as the authors log them; `clip/*` counts only gradient-zeroing clips.
+
 Deliberate departures from the authors' verl fork:
 - "clipped" counts only the band's clip (r > upper with Â > 0, r < lower with Â < 0 — exactly verl's `pg_clipfrac`
   for Â ≠ 0); dual-clip activations are counted separately as `clip/frac_dual`. verl's `pg_clipfrac_lower` is the
@@ -161,9 +164,11 @@ def _clip_metrics(ratio, log_ratio, old_logp, adv, m, lower, upper, clip_c):
         "sum_k1": masked_sum(-log_ratio),                                    # KL(old‖new) estimators, x ~ π_old
         "sum_k3": masked_sum(ratio - 1 - log_ratio),                         # = f_KL(r) of Band-KL
     }
+    above, below = ratio > upper, ratio < lower                              # (B, T) out of the band, any Â
     for k, (lo, hi) in enumerate(zip(P_BINS[:-1], P_BINS[1:])):
         in_bin = (p >= lo) & ((p < hi) if k < len(P_BINS) - 2 else (p <= hi))
         s[f"n_bin{k}"], s[f"n_bin{k}_clipped"] = count(in_bin), count(in_bin & clipped)
+        s[f"n_bin{k}_above"], s[f"n_bin{k}_below"] = count(in_bin & above), count(in_bin & below)
     return s
 
 
@@ -192,8 +197,17 @@ def finalize_metrics(sums):
         "clip/low_p_share_of_clipped": rate("n_low_p_upper", "n_clipped"),
         "clip/low_p_share_of_upper": rate("n_low_p_upper", "n_upper"),
     })
+    # where the band acts, whatever the advantage's sign (the authors log these): the share of tokens with r above
+    # the upper bound / below the lower bound, overall and per old-probability bin
+    n_bins = len(P_BINS) - 1
+    v["n_above"] = sum(v.get(f"n_bin{k}_above", 0.0) for k in range(n_bins))
+    v["n_below"] = sum(v.get(f"n_bin{k}_below", 0.0) for k in range(n_bins))
+    out["band/out_upper_frac"], out["band/out_lower_frac"] = rate("n_above", "n_tokens"), rate("n_below", "n_tokens")
     for k, (lo, hi) in enumerate(zip(P_BINS[:-1], P_BINS[1:])):
         out[f"clip/frac_p{lo:.1f}-{hi:.1f}"] = rate(f"n_bin{k}_clipped", f"n_bin{k}")
+        if f"n_bin{k}_above" in v:
+            out[f"band/out_upper_frac_p{lo:.1f}-{hi:.1f}"] = rate(f"n_bin{k}_above", f"n_bin{k}")
+            out[f"band/out_lower_frac_p{lo:.1f}-{hi:.1f}"] = rate(f"n_bin{k}_below", f"n_bin{k}")
     out.update({
         "band/lower_mean": rate("sum_lower", "n_tokens"), "band/upper_mean": rate("sum_upper", "n_tokens"),
         "ratio/mean": rate("sum_ratio", "n_tokens"),

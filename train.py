@@ -161,12 +161,15 @@ def resolve_config(cfg):
 
 
 def _model_task(model):
-    """The tiny model records the task it was warm-started on in bandpo.json (make_tiny_model.py)."""
+    """The embedded models record their task in bandpo.json (make_tiny_model.py: "arithmetic:1,3"; make_smollm2.py:
+    "data/gsm8k", a path relative to this repository, resolved here so that any working directory works)."""
     path = os.path.join(model, "bandpo.json")
     if not os.path.isfile(path):
         return ""
     with open(path) as f:
-        return json.load(f).get("task", "")
+        task = json.load(f).get("task", "")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), task)
+    return here if task and os.path.exists(here) else task
 
 
 # --- distributed: a few explicit lines, the same path for 1 and N processes ---------------------------------------

@@ -354,3 +354,26 @@ def test_token_logprobs_bf16_matches_naive():
     u16 = torch.finfo(torch.bfloat16).eps / 2
     atol = float(2 * V * u32 * w.abs().max())
     assert torch.allclose(a.grad.float(), b.grad.float(), atol=atol, rtol=float(2 * u16)), (a.grad - b.grad).abs().max()
+
+
+def test_out_of_band_metrics_count_every_sign_and_bin():
+    """band/out_*_frac: tokens with r > upper (r < lower) whatever the sign of Â, overall and per old-probability
+    bin, counted here token by token in plain Python."""
+    g = torch.Generator().manual_seed(3)
+    B, T = 5, 7
+    old_logp = torch.log(torch.rand(B, T, generator=g).clamp(1e-3, 1.0))
+    logp = old_logp + 0.4 * torch.randn(B, T, generator=g)
+    adv = torch.tensor([1.0, -1.0, 0.0, 2.0, -0.5])
+    mask = (torch.rand(B, T, generator=g) < 0.8).float()
+    lower, upper = torch.full((B, T), 0.8), torch.full((B, T), 1.25)
+    _, sums = grpo.policy_loss(logp, old_logp, adv, mask, lower, upper)
+    out = grpo.finalize_metrics(sums)
+    rows = [(math.exp(old_logp[b, t]), math.exp(logp[b, t] - old_logp[b, t]))
+            for b in range(B) for t in range(T) if mask[b, t]]
+    assert out["band/out_upper_frac"] == pytest.approx(sum(r > 1.25 for _, r in rows) / len(rows), abs=1e-12)
+    assert out["band/out_lower_frac"] == pytest.approx(sum(r < 0.8 for _, r in rows) / len(rows), abs=1e-12)
+    edges = grpo.P_BINS
+    for k, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
+        in_bin = [r for p, r in rows if lo <= p < hi or (k == len(edges) - 2 and p == hi)]
+        want = sum(r > 1.25 for r in in_bin) / len(in_bin) if in_bin else 0.0
+        assert out[f"band/out_upper_frac_p{lo:.1f}-{hi:.1f}"] == pytest.approx(want, abs=1e-12), k
