@@ -9,8 +9,9 @@ venv:
 	@bash scripts/bootstrap.sh
 	@bash scripts/bootstrap_verl.sh  # .venv-verl: verl 0.9.1 for tests/test_verl_bandpo.py (it pins an older transformers)
 
+# OMP_NUM_THREADS=1 is torchrun's own default with several processes; set here, it also skips its banner
 demo: venv
-	$(TORCHRUN) --nproc_per_node $(NPROC) train.py --method bandkl --delta 0.05
+	OMP_NUM_THREADS=1 $(TORCHRUN) --nproc_per_node $(NPROC) train.py --method bandkl --delta 0.05
 
 # the real-model smoke tests need models/smollm2-135m-instruct (built from PyPI, git-ignored)
 test: venv smollm2

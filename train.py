@@ -32,6 +32,7 @@ The real-model path (SmolLM2-135M-Instruct, built by `make smollm2`, on the comm
     torchrun --nproc_per_node 2 train.py --model models/smollm2-135m-instruct --data data/gsm8k \
         --prompts-per-step 8 --group-size 4 --mini-batch-prompts 8 --micro-batch-size 8 --max-prompt-len 512 \
         --max-new-tokens 256 --lr 1e-6 --eval-prompts 64
+
 Checkpoint save / load / export live in checkpoint.py.
 """
 
@@ -40,7 +41,6 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -212,6 +212,13 @@ def check_batch_shape(cfg, world):
                          f"--mini-batch-prompts); choose --mini-batch-prompts so that they do")
 
 
+def peak_rss_gb():
+    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 def all_reduce_sums(sums, device):
     """Sum a dict of scalars (numbers or 0-dim tensors) over ranks: one collective and one host sync for it all."""
     keys = sorted(sums)
@@ -238,6 +245,7 @@ def build_model(cfg, device, trainable=True):
 
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.model), dtype=torch.float32)
+    model.tie_weights()  # from_config does not tie (from_pretrained would): lm_head = embed_tokens when configured
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     if trainable and cfg.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -254,6 +262,8 @@ def build_model(cfg, device, trainable=True):
     full = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).state_dict() if RANK == 0 else {}
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     del full
+    if model.config.tie_word_embeddings:  # to_empty swaps DTensor parameters in place: the tie must survive it
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight, "lm_head lost its tie"
     model.train(trainable)
     model.requires_grad_(trainable)
     return model
@@ -284,7 +294,7 @@ def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, t
             logits = logits / temperature                                           # (b, t, V)
         # no .float(): token_logprobs upcasts one chunk at a time instead of copying the (b, t, V) logits
         out = grpo.token_logprobs(logits, ids[:, p:], with_entropy=with_entropy)   # (b, t) [, (b, t)]
-        keep = am[:, p:].to(logits.dtype)                                           # (b, t) 0 past each response
+        keep = am[:, p:].to(torch.float32)                                          # (b, t) 0 past each response
         out = [torch.nn.functional.pad(x * keep, (0, T - t)) for x in (out if with_entropy else (out,))]  # (b, T)
         logps.append(out[0])
         ents.extend(out[1:])
@@ -325,7 +335,17 @@ def old_policy_sums(old_logp, entropy, engine_logp, mask):
     """Diagnostics of π_old on the sampled tokens, as sums for all_reduce_sums: the entropy, and |engine log-prob −
     trainer log-prob| (rollout/logprob_diff; TRL logs it as sampling/sampling_logp_difference). The two are the same
     distribution computed twice: a gap means mismatched temperature, stale weights or a precision problem."""
-    return {"entropy/sum": (entropy * mask).sum(), "rollout/logprob_diff_sum": ((engine_logp - old_logp).abs() * mask).sum()}
+    return {"entropy/sum": (entropy * mask).sum(),
+            "rollout/logprob_diff_sum": ((engine_logp - old_logp).abs() * mask).sum()}
+
+
+def mini_batches(n_rows, cfg):
+    """This rank's rows of each optimizer step: cfg.prompts_per_step / cfg.mini_batch_prompts equal slices (exact:
+    check_batch_shape). The old-log-prob pass uses the same slices and micro-batches as the update, so both run the
+    same shapes: with bf16 kernels, other shapes would round differently and the first step's ratio would not be 1."""
+    n_mini = cfg.prompts_per_step // cfg.mini_batch_prompts
+    per_mini = n_rows // n_mini
+    return [slice(m * per_mini, (m + 1) * per_mini) for m in range(n_mini)]
 
 
 def update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt, advantages, old_logp=None,
@@ -347,15 +367,14 @@ def update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt
     clip_c = cfg.clip_c if cfg.clip_c > 0 else None
     eps = {"eps_low": cfg.eps_low if cfg.eps_low >= 0 else None,
            "eps_high": cfg.eps_high if cfg.eps_high >= 0 else None}
-    B, n_mini = input_ids.shape[0], cfg.prompts_per_step // cfg.mini_batch_prompts
-    per_mini, on_policy = B // n_mini, old_logp is None
-    if on_policy and n_mini > 1:
+    minis, on_policy = mini_batches(input_ids.shape[0], cfg), old_logp is None
+    if on_policy and len(minis) > 1:
         raise ValueError("old_logp is required when a rollout feeds several mini-batches (off-policy)")
     sums, skipped, grad_norm = {}, 0, torch.tensor(0.0)
     spans = row_spans(attn, n_prompt)  # the micro-batches' trimmed widths: one host sync for the whole update
-    for m in range(n_mini):
-        rows = range(m * per_mini, (m + 1) * per_mini)
-        n_tokens = mask[rows.start:rows.stop].sum()  # (), summed over ranks below: the global normaliser Z
+    for m, rows in enumerate(minis):
+        per_mini = rows.stop - rows.start
+        n_tokens = mask[rows].sum()  # (), summed over ranks below: the global normaliser Z
         dist.all_reduce(n_tokens)
         n_seqs = float(per_mini * WORLD)
         norm = dict(num_tokens=n_tokens, num_seqs=n_seqs, max_len=cfg.max_new_tokens)
@@ -386,9 +405,9 @@ def update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         # A NaN loss can still have finite gradients (clamp passes none through a NaN), so both are checked; the
         # verdict is summed over ranks and the norm is global, so every rank takes the same branch.
-        bad = (~torch.isfinite(total)).double()
+        bad = (~torch.isfinite(total)).double() + (~torch.isfinite(grad_norm)).double()
         dist.all_reduce(bad)
-        if bad.item() == 0 and torch.isfinite(grad_norm):
+        if bad.item() == 0:  # the one host sync of the mini-batch
             optimizer.step()
         else:  # a non-finite loss or gradient never reaches the weights
             skipped += 1
@@ -411,12 +430,13 @@ def prompt_batch(records, step, cfg):
 
 
 # --- evaluation: mean@n and pass@k on held-out prompts, sharded over ranks ---------------------------------------
+EVAL_SEED_OFFSET = 1 << 40  # evaluation's sampling seeds never coincide with a training rollout's
 def validate(engine, tokenizer, eval_sets, cfg, step):
     import eval as evaluation
     import rollout
 
     sampling = rollout.Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-                                seed=cfg.seed * 7919 + step * WORLD + RANK)
+                                seed=cfg.seed * 7919 + step * WORLD + RANK + EVAL_SEED_OFFSET)
     shards = {name: recs[RANK::WORLD] for name, recs in eval_sets.items()}
     local = evaluation.evaluate(engine, tokenizer, shards, n=cfg.eval_n, sampling=sampling,
                                 max_prompt_len=cfg.max_prompt_len, progress=False, scorer=cfg.reward)
@@ -435,13 +455,13 @@ def main(argv=None):
     # --- configuration: every error here is one line and exit code 2, before any process group or engine ---
     try:
         cfg = resolve_config(parse_config(argv))
-        check_batch_shape(cfg, WORLD)
         if cfg.resume:
             with open(os.path.join(cfg.out_dir, "config.json")) as f:
                 saved = json.load(f)
             # the saved run's settings win, except the length of the run and where it goes
             cfg = dataclasses.replace(Config(**saved), max_steps=cfg.max_steps, resume=cfg.resume,
                                       out_dir=cfg.out_dir)
+        check_batch_shape(cfg, WORLD)  # the shape that will run: a resumed run's own, on this world size
         import data
         # the synthetic task is unlimited: a fixed 100k problems, so the data order does not depend on --max-steps
         train_records = [r for name in data.split_names(cfg.data) for r in data.load(
@@ -465,8 +485,6 @@ def main(argv=None):
     if not cfg.verbose:
         transformers.utils.logging.set_verbosity_error()
     device = init_distributed()
-    torch.manual_seed(cfg.seed + RANK)
-    random.seed(cfg.seed + RANK)
     run_dir = cfg.out_dir
     if RANK == 0:
         os.makedirs(run_dir, exist_ok=True)
@@ -481,6 +499,8 @@ def main(argv=None):
     engine = rollout.make_engine(cfg.rollout, cfg.model, tokenizer=tokenizer, seed=cfg.seed + RANK,
                                  dtype=cfg.rollout_dtype, gpu_memory_utilization=cfg.gpu_memory_utilization,
                                  max_model_len=cfg.max_prompt_len + cfg.max_new_tokens)
+    torch.manual_seed(cfg.seed + RANK)  # after the engine, which reseeds the global RNGs when it starts
+    random.seed(cfg.seed + RANK)
     start_step = 0
     ckpt = latest_checkpoint(run_dir) if cfg.resume else None
     if ckpt:
@@ -504,7 +524,7 @@ def main(argv=None):
         import wandb
         wandb_run = wandb.init(project=cfg.wandb, config=dataclasses.asdict(cfg), dir=run_dir)
     print0(f"run dir {run_dir} | {WORLD} rank(s) on {device.type} | engine {type(engine).__name__} | "
-           f"method {cfg.method} delta {cfg.delta}")
+           f"method {cfg.method} delta {cfg.delta} | peak RSS {peak_rss_gb():.1f} GB")
 
     if start_step == 0 and cfg.eval_every:
         ev = validate(engine, tokenizer, eval_sets, cfg, 0)
@@ -540,14 +560,19 @@ def main(argv=None):
         # --- old and reference log-probs, recomputed by the trainer (old: only off-policy, see update_policy) ---
         input_ids, attn, mask, n_prompt, engine_logp = pack(prompt_ids, completions, device)
         old_logp = ref_logp = None
+        minis, spans = mini_batches(input_ids.shape[0], cfg), row_spans(attn, n_prompt)
+
+        def logprobs(m, with_entropy=False):  # the update's mini-batch and micro-batch slices: the same shapes
+            outs = [sequence_logprobs(m, input_ids[r], attn[r], n_prompt, cfg.micro_batch_size, cfg.temperature,
+                                      with_entropy, spans[r]) for r in minis]
+            return tuple(map(torch.cat, zip(*outs))) if with_entropy else torch.cat(outs)
+
         with torch.no_grad():
-            if cfg.prompts_per_step > cfg.mini_batch_prompts:  # several optimizer steps per rollout: off-policy
-                old_logp, entropy = sequence_logprobs(model, input_ids, attn, n_prompt, cfg.micro_batch_size,
-                                                      cfg.temperature, with_entropy=True)
+            if len(minis) > 1:  # several optimizer steps per rollout: off-policy, π_old needs its own pass
+                old_logp, entropy = logprobs(model, with_entropy=True)
                 stats.update(old_policy_sums(old_logp, entropy, engine_logp, mask))
             if ref_model is not None:
-                ref_logp = sequence_logprobs(ref_model, input_ids, attn, n_prompt, cfg.micro_batch_size,
-                                             cfg.temperature)
+                ref_logp = logprobs(ref_model)
         stats.update({"tokens/count": mask.sum(), "response_length/count": float(len(completions))})
         t_logp = time.time()
 
@@ -580,6 +605,9 @@ def main(argv=None):
         if "kl/ref_sum" in s:
             metrics["kl/ref"] = s["kl/ref_sum"] / max(s["tokens/count"], 1.0)
         metrics["tokens_per_s"] = s["tokens/count"] / metrics["time/step"]
+        metrics["memory/peak_rss_gb"] = peak_rss_gb()  # rank 0's process: trainer + its colocated engine
+        if device.type == "cuda":
+            metrics["memory/peak_gpu_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps):
             metrics.update(validate(engine, tokenizer, eval_sets, cfg, step + 1))
         metrics["time/step"] = time.time() - t0

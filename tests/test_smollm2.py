@@ -174,3 +174,38 @@ def test_tokenizer_without_pad_token(tokenizer):
         row = input_ids[b][attn[b].bool()].tolist()
         assert row == ids[c.prompt_index] + c.token_ids
         assert mask[b].sum().item() == len(c.token_ids)
+
+
+def test_vllm_sync_updates_tied_embeddings(tokenizer):
+    """SmolLM2 ties lm_head to embed_tokens. After sync_weights of a model whose (tied) embedding changed, vLLM
+    samples the new model: its log-probs equal a teacher-forced float64 pass of the new model, not of the old one."""
+    if not rollout.vllm_available():
+        pytest.skip("vllm is not installed")
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
+    old = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = rollout.make_engine("vllm", MODEL, tokenizer=tokenizer, max_model_len=640)
+    ids, _, _ = data.tokenize_prompts(data.load(GSM8K, split="test", n=2), tokenizer, 512)
+
+    def error(state):  # max |engine log-prob - teacher-forced log-prob| under the weights `state`
+        outs = engine.generate(ids, 2, rollout.Sampling(max_new_tokens=8, seed=0, logprobs=True))
+        ref = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
+        ref.load_state_dict(state)
+        err = 0.0
+        for c in outs:
+            row = torch.tensor([ids[c.prompt_index] + c.token_ids])
+            with torch.no_grad():
+                lp = torch.log_softmax(ref(row).logits[0].double(), -1)[:-1].gather(-1, row[0, 1:, None])[:, 0]
+            err = max(err, (lp[-len(c.token_ids):] - torch.tensor(c.logprobs, dtype=torch.float64)).abs().max().item())
+        return err
+
+    try:
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(1.5)  # lm_head is the same tensor: both change
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        rollout.sync_weights(engine, model)
+        new = {k: v.clone() for k, v in model.state_dict().items()}
+        assert error(new) <= LOGPROB_DIFF_TOL  # the engine runs the new weights (fp32 bound, see the top)
+        assert error(old) > 100 * LOGPROB_DIFF_TOL  # and not the old ones: the change is far above the bound
+    finally:
+        engine.close()

@@ -131,7 +131,8 @@ def test_batch_shape_check(prompts, group_size, mini, world, ok):
     cfg = train.Config(prompts_per_step=prompts, group_size=group_size, mini_batch_prompts=mini)
     per_rank = prompts // world * group_size if prompts % world == 0 else None
     n_mini = prompts // mini if prompts % mini == 0 else None
-    covered = per_rank is not None and n_mini is not None and per_rank // n_mini * n_mini * world == prompts * group_size
+    covered = (per_rank is not None and n_mini is not None
+               and per_rank // n_mini * n_mini * world == prompts * group_size)
     assert covered == ok
     if ok:
         train.check_batch_shape(cfg, world)
