@@ -169,7 +169,8 @@ def _model_task(model):
     with open(path) as f:
         task = json.load(f).get("task", "")
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), task)
-    return here if task and os.path.exists(here) else task
+    # as written when it resolves from here (short metric names: eval/data/gsm8k/...), else from the repository
+    return here if task and not os.path.exists(task) and os.path.exists(here) else task
 
 
 # --- distributed: a few explicit lines, the same path for 1 and N processes ---------------------------------------
