@@ -17,7 +17,7 @@ demo: venv
 test: venv smollm2
 	$(PY) -m pytest
 
-test-fast: venv
+test-fast: venv smollm2
 	$(PY) -m pytest -m "not slow"
 
 bench: venv
