@@ -48,21 +48,50 @@ def finished(run_dir, max_steps):
     return bool(steps) and max(steps) >= max_steps
 
 
-def train(args, method, delta, seed, extra):
+def train_cmd(args, method, delta, seed, extra, port):
+    """The torchrun command of one run: a fresh start, a resume from its last checkpoint, or None when finished."""
     run_dir = os.path.join(args.runs_dir, run_name(method, delta, seed))
     if finished(run_dir, args.max_steps):
-        return run_dir, 0.0
+        return None
     cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node", str(args.nproc),
-           "--master_port", str(29600 + seed), "train.py"]
+           "--master_port", str(port), "train.py"]
     if os.path.isfile(os.path.join(run_dir, "config.json")):
-        cmd += ["--resume", run_dir, "--max-steps", str(args.max_steps)]
-    else:
-        cmd += ["--method", method, "--delta", str(delta), "--seed", str(seed), "--max-steps", str(args.max_steps),
-                "--out-dir", run_dir, "--no-export-hf", *extra]
-    print(" ".join(cmd), flush=True)
-    t0 = time.time()
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=None if args.verbose else subprocess.DEVNULL)
-    return run_dir, time.time() - t0
+        return cmd + ["--resume", run_dir, "--max-steps", str(args.max_steps)]
+    return cmd + ["--method", method, "--delta", str(delta), "--seed", str(seed), "--max-steps", str(args.max_steps),
+                  "--out-dir", run_dir, "--no-export-hf", *extra]
+
+
+def train_all(args, runs, extra):
+    """Train every (method, delta, seed) in `runs`, `args.jobs` at a time; returns the wall time of each run.
+
+    With several jobs each run gets its own cores (OMP_NUM_THREADS and vLLM's CPU binding), so concurrent runs do
+    not compete for one core; the results do not depend on the jobs count beyond float summation order.
+    """
+    cores = os.cpu_count() or 1
+    threads = max(1, cores // (args.jobs * args.nproc))
+    pending, running, seconds = list(runs), {}, {}
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            slot = min(set(range(args.jobs)) - {s for s, _, _ in running.values()})
+            run = pending.pop(0)
+            cmd = train_cmd(args, *run, extra, port=29600 + slot)
+            if cmd is None:
+                continue
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+            if args.jobs > 1 and args.nproc == 1:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(
+                    str(c) for c in range(slot * threads, (slot + 1) * threads))
+            print(" ".join(cmd), flush=True)
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=None if args.verbose else subprocess.DEVNULL)
+            running[proc] = (slot, run, time.time())
+        time.sleep(1.0)
+        for proc in [p for p in running if p.poll() is not None]:
+            slot, run, t0 = running.pop(proc)
+            if proc.returncode != 0:
+                sys.exit(f"compare.py: {run_name(*run)} failed (exit {proc.returncode}); rerun to resume it")
+            seconds[run] = time.time() - t0
+            print(f"{run_name(*run)}: {seconds[run]:.0f} s", flush=True)
+    return seconds
 
 
 def load_run(run_dir):
@@ -212,7 +241,8 @@ def main():
     p.add_argument("--bandkl-deltas", default="0.01,0.2", help="extra deltas for bandkl (the sweep)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--max-steps", type=int, default=40)
-    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--nproc", type=int, default=2, help="ranks per run (torchrun --nproc_per_node)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once, each on its own cores (CPU)")
     p.add_argument("--runs-dir", default=os.path.join(ROOT, "runs", "compare"))
     p.add_argument("--results", default=os.path.join(ROOT, "experiments", "results"))
     p.add_argument("--figure", default=os.path.join(ROOT, "figures", "compare.png"))
@@ -221,15 +251,13 @@ def main():
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
 
-    t_total = 0.0
+    runs = [(method, delta, seed) for seed in seeds for method, delta in configs(args)]   # seed-major: early
+    seconds = {} if args.plot_only else train_all(args, runs, extra)                        # seeds cover all methods
+    t_total = sum(seconds.values())
     table, curves = {}, {}
     for method, delta in configs(args):
         for seed in seeds:
             run_dir = os.path.join(args.runs_dir, run_name(method, delta, seed))
-            if not args.plot_only:
-                _, seconds = train(args, method, delta, seed, extra)
-                t_total += seconds
-                print(f"{run_name(method, delta, seed)}: {seconds:.0f} s", flush=True)
             if not finished(run_dir, args.max_steps):
                 continue
             rows, eval_key, c = load_run(run_dir)

@@ -1,0 +1,109 @@
+"""experiments/horizon.py and compare.py's run bookkeeping, on hand-built metrics.jsonl files (hand-computed answers)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import compare  # noqa: E402
+import horizon  # noqa: E402
+
+
+def test_trailing_mean_by_hand():
+    pts = [(1, 4.0), (2, 2.0), (3, 0.0), (4, 6.0)]
+    assert horizon.trailing_mean(pts, window=2) == [(1, 4.0), (2, 3.0), (3, 1.0), (4, 3.0)]
+    assert horizon.trailing_mean(pts, window=3) == [(1, 4.0), (2, 3.0), (3, 2.0), (4, 8.0 / 3.0)]
+
+
+def test_half_entropy_step_uses_the_trailing_mean_not_one_noisy_step():
+    # start 0.2: half is 0.1. Step 3 dips to 0.09 alone, but the 2-step mean there is (0.15 + 0.09) / 2 = 0.12;
+    # then (0.09 + 0.15) / 2 = 0.12 at step 4; the first 2-step mean <= 0.1 is at step 5: (0.15 + 0.04) / 2.
+    ent = [(1, 0.2), (2, 0.15), (3, 0.09), (4, 0.15), (5, 0.04), (6, 0.05)]
+    assert horizon.half_entropy_step(ent, window=2) == 5
+    assert horizon.half_entropy_step(ent, window=1) == 3
+    assert horizon.half_entropy_step([(1, 0.2), (2, 0.11), (3, 0.101)], window=1) is None
+    assert horizon.half_entropy_step([], window=1) is None
+
+
+def test_half_step_cell():
+    assert horizon.half_step_cell([100, 140, None], 300) == "120 ± 28 (2/3)"   # std of {100, 140} = 28.28
+    assert horizon.half_step_cell([None, None], 300) == "not reached by 300 (0/2)"
+
+
+@pytest.mark.parametrize("clip_steps, band_steps, a, b", [
+    ([50, 60, 70], [None, None, None], "reproduced", "reproduced"),
+    ([50, 60, 70], [40, 60, 30], "reproduced", "not reproduced"),
+    ([50, 60, 70], [80, 50, None], "reproduced", "not distinguishable"),
+    ([None, None, None], [None, None, None], "not reproduced", "not distinguishable"),
+    ([50, None, None], [None, None, None], "not distinguishable", "not distinguishable"),
+])
+def test_entropy_collapse_verdict_rules(clip_steps, band_steps, a, b):
+    table = {("clip", 0.05): [{"half_entropy_step": s} for s in clip_steps],
+             ("bandkl", 0.05): [{"half_entropy_step": s} for s in band_steps]}
+    va, vb = horizon.entropy_collapse_verdicts(table, 300)
+    assert va.startswith("(2a)") and f"**{a}" in va
+    assert vb.startswith("(2b)") and f"**{b}" in vb
+
+
+def _write_run(path, n_steps, entropy, eval_every, method_bounds):
+    os.makedirs(path)
+    lo, hi = method_bounds
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        for step in range(1, n_steps + 1):
+            row = {"step": step, "entropy": entropy(step), "clip/frac": 0.01, "clip/low_p_upper_rate": 0.02,
+                   "band/lower_mean": lo, "band/upper_mean": hi, "band/out_upper_frac": 0.03,
+                   "band/out_lower_frac": 0.04, "reward/mean": 0.5}
+            for b in horizon.BINS:
+                row[f"band/out_upper_frac_p{b}"], row[f"band/out_lower_frac_p{b}"] = 0.1, 0.2
+            if step % eval_every == 0:
+                row.update({"eval/t/mean@4": step / 100, "eval/t/pass@1": step / 100, "eval/t/pass@4": step / 50})
+            f.write(json.dumps(row) + "\n")
+
+
+def test_horizon_cli_on_hand_built_runs(tmp_path):
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        # clip: entropy 0.2 halves linearly by step 11 (0.2 - 0.01 (t - 1)); band stays at 0.2
+        _write_run(runs / f"clip-d0.05-s{seed}", 20, lambda t: 0.2 - 0.01 * (t - 1), 5, (0.8, 1.2))
+        _write_run(runs / f"bandkl-d0.05-s{seed}", 20, lambda t: 0.2, 5, (0.7, 2.0))
+    out = subprocess.run([sys.executable, "experiments/horizon.py", str(runs), "--results", str(tmp_path / "res"),
+                          "--figure", str(tmp_path / "h.png")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    table = json.load(open(tmp_path / "res" / "horizon.json"))
+    clip, band = table["clip|0.05"][0], table["bandkl|0.05"][0]
+    # trailing 10-step mean of 0.2 - 0.01 (t - 1) at step t >= 10 is 0.2 - 0.01 (t - 5.5); <= 0.1 first at t = 16
+    assert clip["half_entropy_step"] == 16 and band["half_entropy_step"] is None
+    assert clip["band/width"] == pytest.approx(0.4) and band["band/width"] == pytest.approx(1.3)
+    assert clip["mean@n"] == pytest.approx((0.10 + 0.15 + 0.20) / 3)            # the last 3 evaluations
+    assert clip["pass@n"] == pytest.approx((0.2 + 0.3 + 0.4) / 3)               # pass@4, the largest k
+    assert clip["mean@n_start"] == pytest.approx(0.05)
+    md = (tmp_path / "res" / "horizon.md").read_text()
+    assert "16 ± 0 (2/2)" in md and "not reached by 20 (0/2)" in md and "(2a)" in md
+    assert (tmp_path / "h.png").stat().st_size > 0 and (tmp_path / "h_bins.png").stat().st_size > 0
+
+
+def test_horizon_refuses_unfinished_runs(tmp_path):
+    _write_run(tmp_path / "clip-d0.05-s0", 20, lambda t: 0.2, 5, (0.8, 1.2))
+    _write_run(tmp_path / "clip-d0.05-s1", 12, lambda t: 0.2, 5, (0.8, 1.2))
+    out = subprocess.run([sys.executable, "experiments/horizon.py", str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0 and "different steps [12, 20]" in out.stderr
+
+
+def test_compare_train_cmd_starts_resumes_and_skips(tmp_path):
+    class A:
+        runs_dir, max_steps, nproc = str(tmp_path), 10, 1
+    cmd = compare.train_cmd(A, "clip", 0.05, 3, ["--lr", "3e-4"], port=29601)
+    assert cmd[-5:] == ["--out-dir", str(tmp_path / "clip-d0.05-s3"), "--no-export-hf", "--lr", "3e-4"]
+    assert " --method clip --delta 0.05 --seed 3 --max-steps 10 " in " ".join(cmd) and "29601" in cmd
+    run = tmp_path / "clip-d0.05-s3"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "metrics.jsonl").write_text('{"step": 4}\n')
+    assert compare.train_cmd(A, "clip", 0.05, 3, [], port=29601)[-4:] == ["--resume", str(run), "--max-steps", "10"]
+    (run / "metrics.jsonl").write_text('{"step": 4}\n{"step": 10}\n')
+    assert compare.train_cmd(A, "clip", 0.05, 3, [], port=29601) is None
