@@ -85,7 +85,10 @@ def summarize(series, window=WINDOW):
     last = lambda key: mean_std([v for _, v in series.get(key, [])[-window:]])[0]  # noqa: E731
     whole = lambda key: mean_std([v for _, v in series.get(key, [])])[0]  # noqa: E731
     evals = series.get("mean@n", [])
+    smooth = dict(trailing_mean(series["entropy"], window))
     return {"entropy_start": series["entropy"][0][1], "entropy": last("entropy"),
+            "entropy_at": {str(t): smooth[t] for t in milestones(max(smooth)) if t in smooth},
+            "mean@n_at": {str(t): v for t, v in evals if t in milestones(max(smooth)) or t == 0},
             "half_entropy_step": half_entropy_step(series["entropy"], window),
             "mean@n": mean_std([v for _, v in evals[-LAST_EVALS:]])[0],
             "mean@n_start": evals[0][1] if evals else math.nan,
@@ -95,6 +98,11 @@ def summarize(series, window=WINDOW):
             "band/out_lower_frac": whole("band/out_lower_frac"),
             **{f"band/out_{side}_frac_p{b}": whole(f"band/out_{side}_frac_p{b}")
                for side in ("upper", "lower") for b in BINS}}
+
+
+def milestones(horizon, parts=6):
+    """The steps the trajectory table shows: `parts` evenly spaced steps ending at the horizon (50, ..., 300)."""
+    return [round(horizon * k / parts) for k in range(1, parts + 1)]
 
 
 def half_step_cell(steps, horizon):
@@ -155,6 +163,14 @@ def markdown(table, lines, horizon, n_seeds):
                    f"| {cell(runs, 'clip/low_p_upper_rate', 1, '.4f')} | {cell(runs, 'band/width')} "
                    f"| {mean_std([x['band/out_upper_frac'] for x in runs])[0]:.4f} / "
                    f"{mean_std([x['band/out_lower_frac'] for x in runs])[0]:.4f} |")
+    steps = milestones(horizon)
+    out += ["", f"Over the horizon: entropy ({WINDOW}-step trailing mean) / held-out mean@n (%) at the step, mean over "
+            "seeds:", "", "| method | " + " | ".join(f"step {t}" for t in [0] + steps) + " |",
+            "|---|" + "---|" * (len(steps) + 1)]
+    for config, runs in table.items():
+        at = lambda key, t, scale: mean_std([x[key][str(t)] * scale for x in runs if str(t) in x[key]])[0]  # noqa: E731
+        out.append(f"| {label(config)} | – / {at('mean@n_at', 0, 100):.1f} | " + " | ".join(
+            f"{at('entropy_at', t, 1):.3f} / {at('mean@n_at', t, 100):.1f}" for t in steps) + " |")
     out += ["", "Out-of-band token fraction per old-probability bin (whole horizon, mean over seeds; above / below):",
             "", "| method | " + " | ".join(f"p {b}" for b in BINS) + " |", "|---|" + "---|" * len(BINS)]
     for config, runs in table.items():
@@ -223,8 +239,10 @@ def main():
     p.add_argument("--results", default=None, help="directory of horizon.{md,json} (default: runs_dir)")
     p.add_argument("--figure", default=None, help="PNG path (default: <runs_dir>/horizon.png)")
     args = p.parse_args()
-    runs = sorted(d for d in os.listdir(args.runs_dir)
-                  if os.path.isfile(os.path.join(args.runs_dir, d, "metrics.jsonl")))
+    order = ["clip", "clip-higher", "dcpo", "bandkl", "bandtv", "bandchi2"]   # baselines first in tables and plots
+    runs = sorted((d for d in os.listdir(args.runs_dir)
+                   if os.path.isfile(os.path.join(args.runs_dir, d, "metrics.jsonl"))),
+                  key=lambda d: (order.index(d.rsplit("-d", 1)[0]) if d.rsplit("-d", 1)[0] in order else len(order), d))
     if not runs:
         sys.exit(f"horizon.py: error: no run with a metrics.jsonl under {args.runs_dir!r}")
     series_by_config = {}

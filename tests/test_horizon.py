@@ -81,6 +81,8 @@ def test_horizon_cli_on_hand_built_runs(tmp_path):
     assert clip["mean@n"] == pytest.approx((0.10 + 0.15 + 0.20) / 3)            # the last 3 evaluations
     assert clip["pass@n"] == pytest.approx((0.2 + 0.3 + 0.4) / 3)               # pass@4, the largest k
     assert clip["mean@n_start"] == pytest.approx(0.05)
+    # the trajectory table: milestones 3, 7, 10, 13, 17, 20 of 20; the evaluations at 10 and 20 fall on two of them
+    assert clip["entropy_at"]["20"] == pytest.approx(0.2 - 0.01 * (20 - 5.5)) and set(clip["mean@n_at"]) == {"10", "20"}
     md = (tmp_path / "res" / "horizon.md").read_text()
     assert "16 ± 0 (2/2)" in md and "not reached by 20 (0/2)" in md and "(2a)" in md
     assert (tmp_path / "h.png").stat().st_size > 0 and (tmp_path / "h_bins.png").stat().st_size > 0
