@@ -13,7 +13,9 @@ the numbers (rules in `verdicts`).
         --prompts-per-step 256 --group-size 16 --mini-batch-prompts 64 --lr 1e-6 --max-new-tokens 4096 ...
 
 Everything after `--` goes to train.py unchanged, so the same script runs the real comparison on GPUs. Runs are
-resumable: a finished run is skipped, an interrupted one continues from its last checkpoint (train.py --resume).
+resumable: a finished run is skipped, an interrupted one continues from its last checkpoint (train.py --resume),
+and a finished one is extended by a larger --max-steps. `--jobs 2 --nproc 1` trains two runs at once, each pinned
+to its own cores (how the long-horizon comparison used this 2-core machine; experiments/horizon.py reports it).
 """
 
 import argparse
