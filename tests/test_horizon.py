@@ -35,10 +35,16 @@ def test_half_step_cell():
 
 
 @pytest.mark.parametrize("clip_steps, band_steps, a, b", [
+    # delays 251, 241, 231: mean 241 >= 15 (a quarter of 60) and > 2 s.e. (2 x 10 / sqrt 3)
     ([50, 60, 70], [None, None, None], "reproduced", "reproduced"),
+    # delays -10, 0, -40: mean -16.7, s.e. 12.0: -16.7 + 24.0 < 15
     ([50, 60, 70], [40, 60, 30], "reproduced", "not reproduced"),
+    # delays 30, -10, 231: mean 83.7, s.e. 74.6: neither 83.7 > 149 nor 83.7 + 149 < 15
     ([50, 60, 70], [80, 50, None], "reproduced", "not distinguishable"),
+    # one seed, delay 9 < a quarter of 77 (se 0): not reproduced
+    ([77], [86], "reproduced", "not reproduced"),
     ([None, None, None], [None, None, None], "not reproduced", "not distinguishable"),
+    # delays 251, 0, 0: mean 83.7, s.e. 83.7
     ([50, None, None], [None, None, None], "not distinguishable", "not distinguishable"),
 ])
 def test_entropy_collapse_verdict_rules(clip_steps, band_steps, a, b):
