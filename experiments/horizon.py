@@ -244,10 +244,13 @@ def main():
     p.add_argument("runs_dir", help="a compare.py --runs-dir (one <method>-d<delta>-s<seed> directory per run)")
     p.add_argument("--results", default=None, help="directory of horizon.{md,json} (default: runs_dir)")
     p.add_argument("--figure", default=None, help="PNG path (default: <runs_dir>/horizon.png)")
+    p.add_argument("--seeds", default="", help="only these seeds, comma separated (default: every run)")
     args = p.parse_args()
+    seeds = {f"-s{s}" for s in args.seeds.split(",") if s}
     order = ["clip", "clip-higher", "dcpo", "bandkl", "bandtv", "bandchi2"]   # baselines first in tables and plots
     runs = sorted((d for d in os.listdir(args.runs_dir)
-                   if os.path.isfile(os.path.join(args.runs_dir, d, "metrics.jsonl"))),
+                   if os.path.isfile(os.path.join(args.runs_dir, d, "metrics.jsonl"))
+                   and (not seeds or "-s" + d.rsplit("-s", 1)[1] in seeds)),
                   key=lambda d: (order.index(d.rsplit("-d", 1)[0]) if d.rsplit("-d", 1)[0] in order else len(order), d))
     if not runs:
         sys.exit(f"horizon.py: error: no run with a metrics.jsonl under {args.runs_dir!r}")
@@ -260,8 +263,11 @@ def main():
         sys.exit(f"horizon.py: error: the runs end at different steps {sorted(horizons)}; finish them first")
     horizon = horizons.pop()
     table = {config: [summarize(s) for s in runs_] for config, runs_ in series_by_config.items()}
-    lines = entropy_collapse_verdicts(table, horizon) + verdicts(table)
     n_seeds = max(len(r) for r in table.values())
+    if n_seeds < 2:  # the rules weigh differences against their spread over seeds: one seed has none
+        lines = ["one seed per method: no verdicts (the rules weigh each difference against its spread over seeds)"]
+    else:
+        lines = entropy_collapse_verdicts(table, horizon) + verdicts(table)
     md = markdown(table, lines, horizon, n_seeds)
     results = args.results or args.runs_dir
     os.makedirs(results, exist_ok=True)

@@ -94,6 +94,16 @@ def test_horizon_cli_on_hand_built_runs(tmp_path):
     assert (tmp_path / "h.png").stat().st_size > 0 and (tmp_path / "h_bins.png").stat().st_size > 0
 
 
+def test_horizon_one_seed_gives_no_verdict_and_seeds_filter(tmp_path):
+    for seed, end in ((0, 20), (1, 12)):   # seed 1 unfinished: --seeds 0 leaves it out
+        _write_run(tmp_path / f"clip-d0.05-s{seed}", end, lambda t: 0.2 - 0.01 * t, 5, (0.8, 1.2))
+        _write_run(tmp_path / f"bandkl-d0.05-s{seed}", end, lambda t: 0.2, 5, (0.7, 2.0))
+    out = subprocess.run([sys.executable, "experiments/horizon.py", str(tmp_path), "--seeds", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "1 seeds x 20 steps" in out.stdout and "no verdicts" in out.stdout and "**" not in out.stdout
+
+
 def test_horizon_refuses_unfinished_runs(tmp_path):
     _write_run(tmp_path / "clip-d0.05-s0", 20, lambda t: 0.2, 5, (0.8, 1.2))
     _write_run(tmp_path / "clip-d0.05-s1", 12, lambda t: 0.2, 5, (0.8, 1.2))
