@@ -291,10 +291,8 @@ def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, t
         pos = (am.cumsum(-1) - 1).clamp(min=0)  # positions count from each prompt's first real token, as in rollout
         # the t + 1 last positions predict the response tokens and one past the end, which is dropped
         logits = model(input_ids=ids, attention_mask=am, position_ids=pos, logits_to_keep=t + 1).logits[:, :-1]
-        if temperature != 1.0:
-            logits = logits / temperature                                           # (b, t, V)
-        # no .float(): token_logprobs upcasts one chunk at a time instead of copying the (b, t, V) logits
-        out = grpo.token_logprobs(logits, ids[:, p:], with_entropy=with_entropy)   # (b, t) [, (b, t)]
+        # no .float() and no / temperature here: token_logprobs upcasts one chunk at a time, then divides by T
+        out = grpo.token_logprobs(logits, ids[:, p:], with_entropy=with_entropy, temperature=temperature)  # (b, t)
         keep = am[:, p:].to(torch.float32)                                          # (b, t) 0 past each response
         out = [torch.nn.functional.pad(x * keep, (0, T - t)) for x in (out if with_entropy else (out,))]  # (b, T)
         logps.append(out[0])

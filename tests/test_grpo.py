@@ -356,6 +356,31 @@ def test_token_logprobs_bf16_matches_naive():
     assert torch.allclose(a.grad.float(), b.grad.float(), atol=atol, rtol=float(2 * u16)), (a.grad - b.grad).abs().max()
 
 
+def test_token_logprobs_temperature_divides_after_the_upcast():
+    """log softmax(z / T): float64 gradcheck, and on bf16 logits the float64 reference on the same (exact) bf16
+    values to float32 accuracy; dividing in bf16 first (the old train.py) misses it by ~2^-9 |z/T|."""
+    g = torch.Generator().manual_seed(6)
+    T, V = 0.6, 40
+    targets = torch.randint(0, V, (2, 9), generator=g)
+    x = torch.randn(2, 9, V, generator=g, dtype=F64).requires_grad_()
+    ref = lambda z: torch.log_softmax(z / T, -1).gather(-1, targets[..., None]).squeeze(-1)  # noqa: E731
+    logp, ent = grpo.token_logprobs(x, targets, chunk_size=4, with_entropy=True, temperature=T)
+    assert torch.allclose(logp, ref(x), atol=TOL64, rtol=0)
+    ls = torch.log_softmax(x / T, -1)
+    assert torch.allclose(ent, -(ls.exp() * ls).sum(-1), atol=TOL64, rtol=0)   # the tempered distribution's entropy
+    assert torch.autograd.gradcheck(lambda z: grpo.token_logprobs(z, targets, chunk_size=4, temperature=T), (x,))
+
+    logits = (15 * torch.randn(2, 9, V, generator=g)).to(torch.bfloat16)        # |z/T| up to ~90
+    exact = ref(logits.double())
+    got = grpo.token_logprobs(logits, targets, chunk_size=4, temperature=T)
+    # float32 on z/T (|z/T| <= M) and a V-term sum: each step rounds at u32, tol = 2 u32 (2M + |log p| + V)
+    u32, M = torch.finfo(torch.float32).eps / 2, float(logits.double().abs().max() / T)
+    tol = 2 * u32 * (2 * M + float(exact.abs().max()) + V)
+    assert (got.double() - exact).abs().max() < tol
+    bf16_first = grpo.token_logprobs(logits / T, targets, chunk_size=4)          # z/T rounded to bf16
+    assert (bf16_first.double() - exact).abs().max() > 100 * tol
+
+
 def test_out_of_band_metrics_count_every_sign_and_bin():
     """band/out_*_frac: tokens with r > upper (r < lower) whatever the sign of Â, overall and per old-probability
     bin, counted here token by token in plain Python."""
