@@ -134,7 +134,9 @@ def entropy_collapse_verdicts(table, horizon):
     # run that never crosses counts as crossing at horizon + 1. The paper's effect is prevention (entropy ~10x
     # higher), so a "material" delay is at least a quarter of GRPO's own half-entropy step.
     late = lambda s: horizon + 1 if s is None else s  # noqa: E731
-    delays = [late(b) - late(c) for c, b in zip(c_steps, b_steps)]
+    by_seed = lambda rows: {x.get("seed", i): x["half_entropy_step"] for i, x in enumerate(rows)}  # noqa: E731
+    c_seed, b_seed = by_seed(clip), by_seed(band)
+    delays = [late(b_seed[k]) - late(c_seed[k]) for k in sorted(set(c_seed) & set(b_seed))]
     d, sd = mean_std(delays)
     se = sd / math.sqrt(len(delays))
     material = 0.25 * mean_std([late(c) for c in c_steps])[0]
@@ -254,15 +256,18 @@ def main():
                   key=lambda d: (order.index(d.rsplit("-d", 1)[0]) if d.rsplit("-d", 1)[0] in order else len(order), d))
     if not runs:
         sys.exit(f"horizon.py: error: no run with a metrics.jsonl under {args.runs_dir!r}")
-    series_by_config = {}
+    series_by_config, seeds_by_config = {}, {}
     for name in runs:                                                 # compare.run_name: <method>-d<delta>-s<seed>
-        method, delta = name.rsplit("-s", 1)[0].rsplit("-d", 1)
+        head, seed = name.rsplit("-s", 1)
+        method, delta = head.rsplit("-d", 1)
         series_by_config.setdefault((method, float(delta)), []).append(read_run(os.path.join(args.runs_dir, name)))
+        seeds_by_config.setdefault((method, float(delta)), []).append(seed)
     horizons = {s["entropy"][-1][0] for runs_ in series_by_config.values() for s in runs_}
     if len(horizons) != 1:
         sys.exit(f"horizon.py: error: the runs end at different steps {sorted(horizons)}; finish them first")
     horizon = horizons.pop()
-    table = {config: [summarize(s) for s in runs_] for config, runs_ in series_by_config.items()}
+    table = {config: [dict(summarize(s), seed=seed) for s, seed in zip(runs_, seeds_by_config[config])]
+             for config, runs_ in series_by_config.items()}
     n_seeds = max(len(r) for r in table.values())
     if n_seeds < 2:  # the rules weigh differences against their spread over seeds: one seed has none
         lines = ["one seed per method: no verdicts (the rules weigh each difference against its spread over seeds)"]

@@ -34,6 +34,14 @@ def test_half_step_cell():
     assert horizon.half_step_cell([None, None], 300) == "not reached by 300 (0/2)"
 
 
+def test_delay_is_paired_by_seed_not_by_position():
+    # Band-KL's seed 1 is missing: pairing by position would compare its seed 2 (step 90) with GRPO's seed 1 (60)
+    table = {("clip", 0.05): [{"seed": "0", "half_entropy_step": 50}, {"seed": "1", "half_entropy_step": 60},
+                              {"seed": "2", "half_entropy_step": 90}],
+             ("bandkl", 0.05): [{"seed": "0", "half_entropy_step": 50}, {"seed": "2", "half_entropy_step": 90}]}
+    assert "delay +0 ± 0 steps" in horizon.entropy_collapse_verdicts(table, 300)[1]
+
+
 @pytest.mark.parametrize("clip_steps, band_steps, a, b", [
     # delays 251, 241, 231: mean 241 >= 15 (a quarter of 60) and > 2 s.e. (2 x 10 / sqrt 3)
     ([50, 60, 70], [None, None, None], "reproduced", "reproduced"),
