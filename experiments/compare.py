@@ -71,6 +71,7 @@ def train_all(args, runs, extra):
     """
     cores = os.cpu_count() or 1
     threads = max(1, cores // (args.jobs * args.nproc))
+    pin = args.jobs > 1 and args.nproc == 1 and args.jobs <= cores   # one core set per slot, if there are enough
     pending, running, seconds = list(runs), {}, {}
     while pending or running:
         while pending and len(running) < args.jobs:
@@ -80,7 +81,7 @@ def train_all(args, runs, extra):
             if cmd is None:
                 continue
             env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-            if args.jobs > 1 and args.nproc == 1:
+            if pin:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(
                     str(c) for c in range(slot * threads, (slot + 1) * threads))
             print(" ".join(cmd), flush=True)
@@ -90,6 +91,8 @@ def train_all(args, runs, extra):
         for proc in [p for p in running if p.poll() is not None]:
             slot, run, t0 = running.pop(proc)
             if proc.returncode != 0:
+                for other in running:   # stop the others too; every run resumes from its last checkpoint
+                    other.terminate()
                 sys.exit(f"compare.py: {run_name(*run)} failed (exit {proc.returncode}); rerun to resume it")
             seconds[run] = time.time() - t0
             print(f"{run_name(*run)}: {seconds[run]:.0f} s", flush=True)
@@ -206,6 +209,16 @@ def markdown(table, verdict_lines, n_seeds, max_steps):
     return "\n".join(lines + [""] + [f"- {v}" for v in verdict_lines]) + "\n"
 
 
+def plot_seeds(ax, per_seed, label):
+    """One method on `ax`: the mean over seeds ({step: value} each) as a line, min..max over seeds as a band."""
+    if not per_seed:
+        return
+    steps = sorted(set.intersection(*(set(s) for s in per_seed)))
+    line, = ax.plot(steps, [sum(s[t] for s in per_seed) / len(per_seed) for t in steps], label=label, lw=1.6)
+    ax.fill_between(steps, [min(s[t] for s in per_seed) for t in steps], [max(s[t] for s in per_seed) for t in steps],
+                    color=line.get_color(), alpha=0.15)
+
+
 def plot(curves_by_config, path, title="Toy-scale comparison (mean over seeds; band = min..max)"):
     import matplotlib
     matplotlib.use("Agg")
@@ -214,15 +227,7 @@ def plot(curves_by_config, path, title="Toy-scale comparison (mean over seeds; b
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for ax, (key, name) in zip(axes.flat, CURVES):
         for label, runs in curves_by_config.items():
-            series = [dict(c[key]) for c in runs if c[key]]
-            if not series:
-                continue
-            steps = sorted(set.intersection(*(set(s) for s in series)))
-            mean = [sum(s[t] for s in series) / len(series) for t in steps]
-            lo = [min(s[t] for s in series) for t in steps]
-            hi = [max(s[t] for s in series) for t in steps]
-            line, = ax.plot(steps, mean, label=label, lw=1.6)
-            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+            plot_seeds(ax, [dict(c[key]) for c in runs if c[key]], label)
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -25,7 +25,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import mean_std, verdicts  # noqa: E402
+from compare import mean_std, plot_seeds, verdicts  # noqa: E402
 
 WINDOW = 10      # steps in a trailing mean (per-step metrics come from 256 completions: noisy one by one)
 LAST_EVALS = 3   # evaluations averaged into the final accuracy
@@ -196,15 +196,8 @@ def plot(series_by_config, path, horizon):
     fig, axes = plt.subplots(2, 3, figsize=(16, 8))
     for ax, (key, name) in zip(axes.flat, PANELS):
         for config, runs in series_by_config.items():
-            per_seed = [dict(trailing_mean(s[key]) if key not in ("mean@n", "pass@n") else s[key])
-                        for s in runs if s.get(key)]
-            if not per_seed:
-                continue
-            steps = sorted(set.intersection(*(set(d) for d in per_seed)))
-            mean = [sum(d[t] for d in per_seed) / len(per_seed) for t in steps]
-            line, = ax.plot(steps, mean, label=label(config), lw=1.6)
-            ax.fill_between(steps, [min(d[t] for d in per_seed) for t in steps],
-                            [max(d[t] for d in per_seed) for t in steps], color=line.get_color(), alpha=0.15)
+            plot_seeds(ax, [dict(trailing_mean(s[key]) if key not in ("mean@n", "pass@n") else s[key])
+                            for s in runs if s.get(key)], label(config))
         ax.set_title(name + ("" if key in ("mean@n", "pass@n") else f" ({WINDOW}-step mean)"), fontsize=10)
         ax.set_xlabel("step")
         ax.set_xlim(0, horizon)
