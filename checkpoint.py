@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 def save_checkpoint(run_dir, step, model, optimizer, cfg):
     """Write checkpoints/step_NNNNNN of a run atomically (every rank; collectives)."""
+    # deferred, here and below: torch.distributed.checkpoint takes ~1 s to import, and only these functions need it
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -56,7 +57,7 @@ def latest_checkpoint(run_dir):
 
 def load_checkpoint(path, model, optimizer):
     """Restore model, optimizer and this rank's RNG from a checkpoint; returns its step (every rank; collectives)."""
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # deferred: ~1 s to import (see save_checkpoint)
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -81,7 +82,7 @@ def load_checkpoint(path, model, optimizer):
 
 def export_hf(run_dir, model, tokenizer):
     """Full weights gathered to rank 0 and written with save_pretrained: transformers and vLLM load the result."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # deferred, as above
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:

@@ -1,4 +1,4 @@
-"""Math reward: is the completion's final answer equal to the reference? (shared/PAPER.md §4)
+"""Math reward: is the completion's final answer equal to the reference? (docs/paper.md §4)
 
 Two scorers, one batch entry point:
 
@@ -27,13 +27,13 @@ and equivalent forms count). Use `scorer="dapo"` to train with the paper's rule 
 Measured on real outputs: 228 solutions of GPT-3 6B/175B to the first 57 GSM8K test problems, each labelled
 correct or not by the GSM8K authors (tests/fixtures/gsm8k_model_solutions; they end in "A: N", two are cut off):
 share of verdicts that agree with the labels.
-  default scorer before this rule (last `Answer:` line or box only: every correct one read as missing)   65.4%
-  default scorer (this rule)                                                                            100.0%
-  scorer="dapo" (the paper's rule finds no `Answer:` line here: -1 for all)                               65.4%
+  the last `Answer:` line or box only (every correct one reads as missing)                               65.4%
+  default scorer                                                                                        100.0%
+  scorer="dapo" (the paper's rule finds no `Answer:` line here: -1 for all)                              65.4%
   math-verify's parse + verify of the whole completion (its default extraction)                         100.0%
 With their last line rewritten into the other endings (`Answer: N`, `**Answer:** N`, `#### N`, "The answer is N.",
-a box, a bare N, Minerva's sentence), the default scorer stays at 100% (before: 65.4% on ####, "the answer is" and
-a bare N).
+a box, a bare N, Minerva's sentence), the default scorer stays at 100% (the last `Answer:` line or box only: 65.4%
+on ####, "the answer is" and a bare N).
 
 Never raises, never hangs. Every call returns within ~2.5 s whatever the text (ms typically):
   1. Extraction is linear: one regex pass over the last MAX_SCAN_CHARS characters matches braces with a stack, so
@@ -44,56 +44,32 @@ Never raises, never hangs. Every call returns within ~2.5 s whatever the text (m
      (integers, a/b, \\frac{a}{b}, decimals) are compared exactly with `fractions.Fraction` (integers and
      fractions both ways; decimals only when equal, otherwise math-verify decides its rounding rule). Typical
      AIME/AMC/DAPO answers are integers and never leave this process.
-  3. Everything else goes to math-verify in a small pool of worker *subprocesses* (`python reward.py --worker`,
-     one JSON line per request; BANDPO_REWARD_WORKERS of them, default min(4, cores)). Timeouts need signals, and
-     signals only work in a main thread (math-verify's SIGALRM raises ValueError elsewhere): in a worker the check
-     always runs in the main thread, under a CPU-time limit (CPU_LIMIT_S, ITIMER_VIRTUAL) that stops runaway sympy
-     work (9^{9^{9^{9}}} comes back wrong after ~0.5 s) without penalising checks that are merely slowed down by a
-     busy machine. What no signal can stop (C code that never returns to the interpreter), the parent stops: it
-     waits on the pipe with `poll` for at most ITEM_TIMEOUT_S, then kills the worker, counts the answer as
-     incorrect and starts a replacement (the next call takes another, ready worker). The parent never calls
-     math-verify nor uses signals, so every function here is safe from any thread (the pool is shared under a
-     lock; concurrent callers queue for a free worker) and from processes forked later (the pool is rebuilt per
-     pid). Fresh interpreters rather than fork(): forking a trainer that runs CUDA/vLLM/OpenMP threads can
-     deadlock. The first math-verify call of a process waits once for the workers to start (~1 s here).
+  3. Everything else goes to math-verify in worker processes (verify_pool.py): a CPU-time limit per check, a
+     wall-clock deadline after which the worker is killed and the answer counts as incorrect, a cache of verdicts.
+     This process never calls math-verify nor uses signals, so every function here is safe from any thread and
+     from processes forked later. The first math-verify call of a process waits once for the workers (~1 s).
   If no worker can be started, the fast paths' verdict is used alone and a warning is logged once.
-Speed: before math-verify's `verify`, a worker evaluates both parsed expressions at a fixed generic point and calls
-them different when they differ by more than 1e-4 relative: math-verify, which rounds to 6 decimals, would reach
-the same verdict, but only after an expensive sympy.simplify. benchmarks/bench_reward.py measures throughput; 10%
-of its completions are cut off before a final answer, and their last math now goes to math-verify. On the 2-core
-dev machine (2 workers), busy (load ~7), back to back with the previous rule (which scored those 0 unchecked):
-integer answers (AIME/AMC/DAPO) ~900-1,000 scores/s (before ~3,800-6,200), the paper's training mix ~950-1,200/s
-(~2,000), a MATH-500-like mix ~500-650/s (~600-750), no integer answer ~270/s (~350). Idle, the previous rule
-measured ~15,000 / ~5,000 / ~2,000-3,000 / ~600-1,300 scores/s.
+Speed (benchmarks/bench_reward.py; 2-core machine, 2 workers, busy at load ~7): integer answers (AIME/AMC/DAPO)
+~900-1,000 scores/s, the paper's training mix ~950-1,200/s, a MATH-500-like mix ~500-650/s, no integer answer
+~270/s. The 10% of completions cut off before a final answer cost most of that time (their last math goes to
+math-verify): scoring those 0 unchecked measured ~3,800-6,200 / ~2,000 / ~600-750 / ~350 scores/s in the same runs.
 
     python reward.py 'so the total is \\boxed{\\dfrac{1}{2}}' '0.5'      # prints both scorers' verdicts
 """
 
-import atexit
-import json
 import logging
-import math
-import os
 import re
-import select
-import signal
-import subprocess
 import sys
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
+
+import verify_pool
 
 log = logging.getLogger("reward")
 
 MAX_ANSWER_CHARS = 1000   # longer extracted answers (or references) are compared as strings only
 MAX_SCAN_CHARS = 200_000  # the final answer is looked for in this many last characters (4096 tokens ~ 16k chars)
 TAIL_CHARS = 2000         # without an explicit final answer, the last math in this many last characters counts
-CPU_LIMIT_S = 0.5         # CPU time one math-verify check may use in a worker (typical: 1-60 ms)
-ITEM_TIMEOUT_S = 2.0      # wall-clock deadline of one check, after which the parent kills the worker
-START_TIMEOUT_S = 20.0    # a worker that has not imported math-verify by then is declared broken
-NUM_WORKERS = int(os.environ.get("BANDPO_REWARD_WORKERS", min(4, os.cpu_count() or 1)))
-STATS = {"timeouts": 0, "restarts": 0, "fallbacks": 0}  # diagnostics, e.g. for a metrics line
+STATS = verify_pool.STATS  # math-verify timeouts, worker restarts, fallbacks: diagnostics for a metrics line
 
 # --- final-answer extraction -------------------------------------------------------------------------------------
 # 1. Explicit final answers, the last one in the text: a box, or the rest of the line after a marker. "answer is"
@@ -239,238 +215,9 @@ def _quick_verdict(pred, gold):
     return None
 
 
-# --- math-verify, in worker processes ----------------------------------------------------------------------------
-def _as_latex(s):
-    """math-verify reads delimited LaTeX; a bare answer is wrapped in \\boxed{} so that all of it is parsed."""
-    return s if any(d in s for d in ("$", "\\(", "\\[", "\\boxed")) else "\\boxed{" + s + "}"
-
-
-def _clearly_different(g, p):
-    """Whether two parsed sympy expressions differ numerically at a fixed generic point of their free symbols.
-
-    math-verify spends most of its time in sympy.simplify proving that *wrong* answers are unequal; a numeric
-    difference far beyond its rounding (6 decimals) settles that in ~1 ms. Only plain expressions are tested:
-    sets, intervals, tuples, relations and matrices, and anything that does not evaluate, go to math-verify. A
-    predicted equation against a plain reference is its right side, as math-verify compares it (grader.py
-    sympy_expr_eq: "x = 3" vs 3), which keeps the last math of a cut-off completion cheap to reject.
-    """
-    import sympy
-
-    if isinstance(p, sympy.Eq) and isinstance(g, sympy.Expr):
-        p = p.rhs
-    if not (isinstance(g, sympy.Expr) and isinstance(p, sympy.Expr)):
-        return False
-    symbols = sorted(g.free_symbols | p.free_symbols, key=str)
-    point = {s: sympy.Float(0.5772156649 + 0.3183098862 * i, 30) for i, s in enumerate(symbols)}
-    try:
-        a, b = complex(g.subs(point).evalf(30)), complex(p.subs(point).evalf(30))
-    except (TypeError, ValueError, ArithmeticError):  # zoo, nan, unevaluated functions
-        return False
-    return abs(a - b) > 1e-4 * max(1.0, abs(a), abs(b))
-
-
-class _CpuTimeout(BaseException):
-    """Raised by the CPU-time timer; a BaseException so that math-verify's `except Exception` cannot swallow it."""
-
-
-def _on_cpu_timeout(signum, frame):
-    raise _CpuTimeout
-
-
-def _math_verify(pred, gold):
-    """The math-verify comparison, limited to CPU_LIMIT_S of CPU time (raises _CpuTimeout beyond).
-
-    The limit is a CPU-time timer (ITIMER_VIRTUAL / SIGVTALRM) instead of math-verify's wall-clock SIGALRM, so a
-    busy machine (a trainer and vLLM on the same cores) does not turn slow-but-legit checks into timeouts. Signals:
-    call it only from a main thread, which the worker processes are.
-    """
-    from math_verify import parse, verify
-
-    signal.signal(signal.SIGVTALRM, _on_cpu_timeout)
-    signal.setitimer(signal.ITIMER_VIRTUAL, CPU_LIMIT_S)
-    try:
-        g = parse(_as_latex(gold), parsing_timeout=None)
-        p = parse(_as_latex(pred), parsing_timeout=None)
-        if not (g and p):
-            return False
-        if "%" not in pred + gold and _clearly_different(g[0], p[0]):  # math-verify's percent rule: 10\% == 10
-            return False
-        return bool(verify(g, p, timeout_seconds=None))
-    finally:
-        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
-
-
-def _serve():
-    """Worker main loop: one JSON request [pred, gold] per stdin line, one JSON verdict per stdout line."""
-    logging.disable(logging.WARNING)  # math-verify warns that its own timeouts are off: ours replace them
-    out, sys.stdout = sys.stdout, sys.stderr  # the protocol owns stdout; stray prints from libraries go to stderr
-    for pred, gold in (("x^2/3", "\\frac{x^2}{3}"), ("(1, 2]", "[1,2)"), ("\\sqrt{2}", "1.41")):
-        try:  # warm up: the first parse builds the LaTeX parser, which must not count against a real check
-            _math_verify(pred, gold)
-        except BaseException:  # noqa: BLE001
-            pass
-    try:
-        out.write('"ready"\n')
-        out.flush()
-    except OSError:  # the parent gave up on us while we warmed up
-        os._exit(0)
-    for line in sys.stdin:
-        try:
-            pred, gold = json.loads(line)
-            verdict = _math_verify(pred, gold)
-        except BaseException:  # noqa: BLE001  (a bad item must not kill the worker)
-            verdict = False
-        try:
-            out.write("true\n" if verdict else "false\n")
-            out.flush()
-        except OSError:  # the parent is gone or gave up on us
-            os._exit(0)
-
-
-class _Worker:
-    """One `python reward.py --worker` subprocess, read through a raw fd so that `poll` sees every byte."""
-
-    def __init__(self):
-        self.proc, self.buf, self.ready = None, b"", False
-        self.start()
-
-    def start(self):
-        self.buf, self.ready = b"", False
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-u", os.path.abspath(__file__), "--worker"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)  # no Ctrl-C tracebacks
-        except OSError as e:
-            log.warning("reward: cannot start a math-verify worker: %s", e)
-            self.proc = None
-
-    def kill(self):
-        if self.proc is not None:
-            try:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-            for pipe in (self.proc.stdin, self.proc.stdout):
-                try:
-                    pipe.close()
-                except OSError:
-                    pass
-        self.proc = None
-
-    def _readline(self, timeout):
-        """Next line from the worker, or None on timeout / exit. Never blocks longer than `timeout`."""
-        deadline = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
-        poller = select.poll()  # not select.select: a trainer may hold > 1024 fds, beyond select's FD_SETSIZE
-        poller.register(fd, select.POLLIN)
-        while b"\n" not in self.buf:
-            left = max(0.0, deadline - time.monotonic())
-            if not poller.poll(math.ceil(left * 1000)):
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return None
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return line
-
-    def wait_ready(self, timeout):
-        if not self.ready and self.proc is not None:
-            self.ready = self._readline(timeout) == b'"ready"'
-        return self.ready
-
-    def check(self, pred, gold):
-        """math-verify's verdict, False when it overran ITEM_TIMEOUT_S, None when the worker is unusable."""
-        if not self.wait_ready(START_TIMEOUT_S):
-            return None
-        try:
-            self.proc.stdin.write((json.dumps([pred, gold]) + "\n").encode())
-            self.proc.stdin.flush()
-        except OSError:
-            reply = None
-        else:
-            reply = self._readline(ITEM_TIMEOUT_S)
-        if reply in (b"true", b"false"):
-            return reply == b"true"
-        STATS["timeouts"] += 1  # hung (or crashed) on this item: replace the worker, count the answer wrong
-        STATS["restarts"] += 1
-        self.kill()
-        self.start()
-        return False
-
-
-class _Pool:
-    def __init__(self, size):
-        self.pid, self.broken = os.getpid(), False
-        self.idle = [_Worker() for _ in range(max(1, size))]
-        self.size = len(self.idle)
-        self.cond = threading.Condition()
-
-    def _acquire(self):
-        with self.cond:
-            while not self.idle:
-                self.cond.wait()
-            for i, w in enumerate(self.idle):  # prefer a worker that is already up (e.g. not just restarted)
-                if w.ready or (w.proc is not None and w.wait_ready(0)):
-                    return self.idle.pop(i)
-            return self.idle.pop(0)
-
-    def check(self, pred, gold):
-        w = self._acquire()
-        try:
-            verdict = w.check(pred, gold)
-            if verdict is None:  # could not start: one retry with a fresh process, then give up for good
-                w.kill()
-                w.start()
-                verdict = w.check(pred, gold)
-                if verdict is None:
-                    self.broken = True
-            return verdict
-        finally:
-            with self.cond:
-                self.idle.append(w)
-                self.cond.notify()
-
-    def close(self):
-        if self.pid == os.getpid():
-            for w in self.idle:
-                w.kill()
-
-
-_POOL, _POOL_LOCK, _CACHE, _WARNED = None, threading.Lock(), {}, []
-
-
-def _pool():
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL.pid != os.getpid():  # fork()ed children build their own workers
-            _POOL = _Pool(NUM_WORKERS)
-            atexit.register(_POOL.close)
-        return _POOL
-
-
-def _slow_verdict(pred, gold):
-    key = (pred, gold)
-    if key in _CACHE:
-        return _CACHE[key]
-    pool = _pool()
-    verdict = None if pool.broken else pool.check(pred, gold)
-    if verdict is None:
-        STATS["fallbacks"] += 1
-        if not _WARNED:
-            _WARNED.append(True)
-            log.warning("reward: math-verify workers unavailable; only exact/numeric matches count as correct")
-        return False
-    if len(_CACHE) > 200_000:
-        _CACHE.clear()
-    _CACHE[key] = verdict  # timeouts are cached too: a pathological pair would hang again
-    return verdict
-
-
 def _verdict(pred, gold):
     quick = _quick_verdict(pred, gold)
-    return quick if quick is not None else _slow_verdict(pred, gold)
+    return quick if quick is not None else verify_pool.verify(pred, gold)
 
 
 def _reference(answer):
@@ -523,7 +270,7 @@ def score_batch(responses, answers, *, correct=1.0, incorrect=0.0, missing=None,
             out.append(miss if pred is None else correct if _dapo_match(pred, a) else incorrect)
         return out
 
-    pairs, todo = [], {}
+    pairs = []  # (pred, gold, verdict): verdict None until math-verify decides
     for r, a in zip(responses, answers):
         try:
             pred, gold = extract_answer(r), _reference(a)
@@ -531,14 +278,10 @@ def score_batch(responses, answers, *, correct=1.0, incorrect=0.0, missing=None,
         except Exception:  # noqa: BLE001
             pred, gold, verdict = "", "", False
         pairs.append((pred, gold, verdict))
-        if pred and verdict is None:
-            todo[(pred, gold)] = None
-    if todo:
-        with ThreadPoolExecutor(max_workers=_pool().size) as ex:  # threads only wait on pipes
-            for key, v in zip(todo, ex.map(lambda k: _slow_verdict(*k), todo)):
-                todo[key] = v
-    return [miss if not pred else correct if (v if v is not None else todo[(pred, gold)]) else incorrect
-            for pred, gold, v in pairs]
+    slow = list(dict.fromkeys((pred, gold) for pred, gold, verdict in pairs if pred and verdict is None))
+    slow = dict(zip(slow, verify_pool.verify_all(slow)))  # each distinct pair once
+    return [miss if not pred else correct if (verdict if verdict is not None else slow[pred, gold]) else incorrect
+            for pred, gold, verdict in pairs]
 
 
 # --- the paper's reward: DAPO / Minerva exact match ----------------------------------------------------------------
@@ -600,8 +343,6 @@ def dapo_score(response, answer):
 
 
 def main():
-    if sys.argv[1:] == ["--worker"]:
-        return _serve()
     if len(sys.argv) != 3:
         sys.exit("usage: python reward.py RESPONSE ANSWER")
     response, answer = sys.argv[1:]

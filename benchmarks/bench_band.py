@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import mpmath as mp  # noqa: E402
 import torch  # noqa: E402
 
 import band  # noqa: E402
@@ -43,27 +44,27 @@ def _g_kl_clamped(p, r):
     return p * (r - 1.0 - torch.log(r)) + (1.0 - p) * (c - 1.0 - torch.log(c))
 
 
+def _bisect_r(p, lo, hi, delta, g_increases, max_iter, tol):
+    """Their bisection of g_KL(p, r) = delta for r in [lo, hi], where g is monotone; host sync every step."""
+    for _ in range(max_iter):
+        mid = 0.5 * (lo + hi)
+        g = _g_kl_clamped(p, mid)
+        right = g < delta if g_increases else g >= delta  # the root lies right of mid
+        lo, hi = torch.where(right, mid, lo), torch.where(right, hi, mid)
+        if (hi - lo).max().item() <= tol:  # host sync
+            break
+    return 0.5 * (lo + hi)
+
+
 def authors_bandkl(old_logp, delta=0.05, max_iter=50, tol=1e-6):
     """Bisection on r, host sync every step, saturation checks, overrides near p = 0 and 1 (see module docstring)."""
     p = old_logp.clamp(-700.0, 0.0).exp()
     upper_sat = _g_kl_clamped(p, 1.0 / p) <= delta
     lower_sat = _g_kl_clamped(p, torch.zeros_like(p)) <= delta
-    lo, hi = torch.ones_like(p), 1.0 / p  # upper root in [1, 1/p]: g increases
-    for _ in range(max_iter):
-        mid = 0.5 * (lo + hi)
-        right = _g_kl_clamped(p, mid) < delta
-        lo, hi = torch.where(right, mid, lo), torch.where(right, hi, mid)
-        if (hi - lo).max().item() <= tol:  # host sync
-            break
-    upper = torch.where(upper_sat, 1.0 / p, 0.5 * (lo + hi))
-    lo, hi = torch.zeros_like(p), torch.ones_like(p)  # lower root in [0, 1]: g decreases
-    for _ in range(max_iter):
-        mid = 0.5 * (lo + hi)
-        left = _g_kl_clamped(p, mid) < delta
-        lo, hi = torch.where(left, lo, mid), torch.where(left, mid, hi)
-        if (hi - lo).max().item() <= tol:  # host sync
-            break
-    lower = torch.where(lower_sat, torch.zeros_like(p), 0.5 * (lo + hi))
+    upper = _bisect_r(p, torch.ones_like(p), 1.0 / p, delta, True, max_iter, tol)  # in [1, 1/p]: g increases
+    upper = torch.where(upper_sat, 1.0 / p, upper)
+    lower = _bisect_r(p, torch.zeros_like(p), torch.ones_like(p), delta, False, max_iter, tol)  # [0, 1]: g decreases
+    lower = torch.where(lower_sat, torch.zeros_like(p), lower)
     near_1, near_0 = p > 1 - 1e-6, p < 1e-6
     upper = torch.where(near_1, torch.ones_like(p), upper)
     lower = torch.where(near_1, torch.full_like(p, math.exp(-delta)), lower)
@@ -75,8 +76,6 @@ def authors_bandkl(old_logp, delta=0.05, max_iter=50, tol=1e-6):
 # --- the 50-digit reference ------------------------------------------------------------------------------------------
 def mp_bandkl(logp, delta):
     """(lower, upper) of KL(Bern(p) || Bern(p r)) = delta to 50 digits (lower in log r, upper in log(1 - p r))."""
-    import mpmath as mp
-
     mp.mp.dps = 50
     logp, d = mp.mpf(logp), mp.mpf(delta)
     p, q = mp.exp(logp), -mp.expm1(logp)
@@ -98,8 +97,6 @@ def mp_bandkl(logp, delta):
 
 def worst_rel_err(got, ref, floor):
     """(max |got - ref| / max(ref, floor), the reference value there): floor = float32's smallest normal."""
-    import mpmath as mp
-
     return max((float(abs(mp.mpf(g) - r) / max(r, floor)), float(r)) for g, r in zip(got, ref))
 
 

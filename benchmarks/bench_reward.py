@@ -8,7 +8,7 @@ then reads the last math of the reasoning, math-verify's last resort, and most s
 "integer" is AIME / AMC / DAPO-Math-17k (whose answers are all integers); "paper's training mix" is DAPO-Math-17k
 + MATH levels 3-5 (~90% integers); "MATH-500-like" ~60% integers, the rest fractions, radicals, expressions with a
 variable and intervals; the last row has no integer answer at all (every distinct answer goes to math-verify).
-The verdict cache of reward.py is emptied before every row, so each row pays for its
+The verdict cache of verify_pool.py is emptied before every row, so each row pays for its
 own math-verify calls (math-verify's own parse cache in the workers stays warm, as in training).
 
 Then agreement with the GSM8K authors' correctness labels on 228 real model solutions
@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import reward  # noqa: E402
+import verify_pool  # noqa: E402
 
 FILLER = ("We expand $(a+b)^2 = a^2 + 2ab + b^2$ and use $\\frac{x}{y}$ with $y \\neq 0$, so the sum over "
           "$\\{1, \\dots, n\\}$ is $\\frac{n(n+1)}{2}$. Checking the case $n = 3$ again gives the same value. ") * 8
@@ -74,7 +75,7 @@ def labelled_solutions():
 
 
 def agreement_rows():
-    from math_verify import parse, verify
+    from math_verify import parse, verify  # deferred: the rows before run without it in this process, as a trainer
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     solutions, golds, labels = zip(*labelled_solutions())
@@ -89,7 +90,7 @@ def agreement_rows():
 
 
 def timed(fn):
-    reward._CACHE.clear()
+    verify_pool._CACHE.clear()
     t = time.perf_counter()
     out = fn()
     return time.perf_counter() - t, out
@@ -123,7 +124,7 @@ def main():
     rows.append(("is_correct from 4 threads, MATH-500-like", 1024, seconds))
 
     print(f"# reward.py on {platform.machine()} ({os.cpu_count()} cores), Python {platform.python_version()}, "
-          f"{reward.NUM_WORKERS} math-verify workers")
+          f"{verify_pool.NUM_WORKERS} math-verify workers")
     print(f"{'case':<52}{'items':>7}{'seconds':>10}{'scores/s':>11}")
     for name, items, seconds in rows:
         print(f"{name:<52}{items:>7}{seconds:>10.3f}{items / seconds:>11.0f}")

@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import mpmath  # noqa: E402
 import sympy as sp  # noqa: E402
 import torch  # noqa: E402
 
@@ -61,8 +62,6 @@ def test_kl_solver_bracket_is_proven():
     assert sp.simplify(G - (-p * X - q * sp.log(c))) == 0
     assert sp.simplify(c.subs(X, 0)) == 1 and sp.limit(c, X, -sp.oo) == 1 / q  # c runs over [1, 1/q]
     G_num = sp.lambdify((p, X), G, "mpmath")
-    import mpmath
-
     mpmath.mp.dps = 30
     for pv in (1e-9, 0.01, 0.3, 0.7, 0.999):
         for xv in (-300.0, -20.0, -1.0, -0.05, -1e-5):

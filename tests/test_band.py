@@ -1,4 +1,4 @@
-"""band.py against the paper's claims (shared/PAPER.md §2), each test named after the claim it checks.
+"""band.py against the paper's claims (docs/paper.md §2), each test named after the claim it checks.
 
 References are never band.py itself: brute force over random full-support distributions (Lemma 1, Theorem 1), a
 50-digit mpmath root of g_f(p, r) = delta computed from the definition (accuracy, Props. 1-4, mirror identity), the
@@ -86,7 +86,7 @@ def mp_band(name, logp, delta):
 
 
 def accuracy_points(n, seed):
-    """(logp, delta) over the issue's domain: log p in [-60, -1e-12], delta in [1e-4, 2], edges included."""
+    """(logp, delta) over the solver's domain: log p in [-60, -1e-12], delta in [1e-4, 2], edges included."""
     rng = random.Random(seed)
     pts = []
     for i in range(n):  # log p log-uniform in |log p| (near 0) and uniform (the tail), delta log-uniform
@@ -226,7 +226,7 @@ def test_theorem1_band_is_exactly_the_reachable_ratios(name):
 
 
 # --- Propositions 1-4 and the mirror identity against the mpmath reference -------------------------------------------
-PAPER_TABLE = [  # PAPER.md §2, KL, delta = 0.05: (p, lower, upper)
+PAPER_TABLE = [  # docs/paper.md §2, KL, delta = 0.05: (p, lower, upper)
     (0.001, 0.0, 53.548), (0.01, 0.0024974, 7.8098), (0.08, 0.26170, 2.41055), (0.2, 0.47594, 1.71768),
     (0.5, 0.69152, 1.30848), (0.8, 0.82058, 1.13101), (0.99, 0.93121, 1.01008),
 ]

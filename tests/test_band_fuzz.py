@@ -7,13 +7,13 @@ input's dtype (Theorem 1's interval inside the simplex), float32 agrees with flo
 """
 import math
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import band
 from test_band import F  # the generators f, f', written independently of band.py
+from test_band import one_thread  # noqa: F401  (autouse fixture: one torch thread per test)
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 SPECIAL = [0.0, -0.0, 1e-7, 1e-3, -1e-45, -1e-38, -1e-30, -1e-12, -6e-8, -1e-7, -0.6931, -11.0, -17.0, -60.0,
@@ -32,14 +32,6 @@ deltas = st.floats(-6, math.log10(50)).map(lambda e: 10**e)
 # derandomize: `make test` draws the same 120 examples every run (CI must not fail by chance); set it to False
 # (or pass --hypothesis-seed with derandomize off) to explore new examples locally.
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def inv_p(logp):

@@ -16,6 +16,7 @@ import pytest
 
 import data
 import reward
+import verify_pool
 
 # (response, reference answer, expected is_correct)
 IS_CORRECT_CASES = [
@@ -209,7 +210,7 @@ def test_case_counts():
 
 
 # A hang guard, not a speed claim: each math-verify check is bounded by its CPU-time limit and a 2 s wall deadline
-# (reward.ITEM_TIMEOUT_S) after which the worker is killed; on an idle machine the slowest input takes ~2 s
+# (verify_pool.ITEM_TIMEOUT_S) after which the worker is killed; on an idle machine the slowest input takes ~2 s
 # (benchmarks/bench_reward.py measures it). On a loaded 2-core CI box wall time stretches several-fold, so the test
 # only asserts that every call comes back -- an unbounded call (a hung worker, sympy on 9^9^9^9) never would.
 HANG_S = 30.0
@@ -234,10 +235,10 @@ def test_cpu_time_limit_stops_runaway_sympy():
     import math_verify  # noqa: F401  (import outside the measurement)
 
     t = time.process_time()
-    with pytest.raises(reward._CpuTimeout):
-        reward._math_verify("9^{9^{9^{9}}}", "7")
-    assert time.process_time() - t < reward.CPU_LIMIT_S + 0.5
-    assert reward._math_verify("x^{3}", "x^3") is True  # the timer is off again
+    with pytest.raises(verify_pool._CpuTimeout):
+        verify_pool._math_verify("9^{9^{9^{9}}}", "7")
+    assert time.process_time() - t < verify_pool.CPU_LIMIT_S + 0.5
+    assert verify_pool._math_verify("x^{3}", "x^3") is True  # the timer is off again
 
 
 def test_adversarial_reference_and_types():
@@ -253,31 +254,31 @@ def test_adversarial_reference_and_types():
 
 def test_hung_worker_is_killed_and_replaced(monkeypatch):
     """A check that overruns the hard deadline is killed (counted wrong) and the next check still works.
-    A sympy factorial that the worker's 1 s CPU limit would stop stands in for an uninterruptible C-level hang
+    A sympy factorial that the worker's CPU limit (0.5 s) would stop stands in for an uninterruptible C-level hang
     by shrinking the parent's wall-clock deadline to 50 ms."""
-    reward._pool().check("1", "1")  # make sure the workers are up before the deadline shrinks
-    deadline = reward.ITEM_TIMEOUT_S
-    monkeypatch.setattr(reward, "ITEM_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(reward, "_CACHE", {})
+    verify_pool._pool().check("1", "1")  # make sure the workers are up before the deadline shrinks
+    deadline = verify_pool.ITEM_TIMEOUT_S
+    monkeypatch.setattr(verify_pool, "ITEM_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(verify_pool, "_CACHE", {})
     before = reward.STATS["timeouts"]
     t = time.monotonic()
     assert reward.is_correct("\\boxed{(9^9)!}", "7") is False
     assert time.monotonic() - t < HANG_S
     assert reward.STATS["timeouts"] == before + 1  # the deadline, not the CPU limit, ended it: the worker was killed
-    monkeypatch.setattr(reward, "ITEM_TIMEOUT_S", deadline)
+    monkeypatch.setattr(verify_pool, "ITEM_TIMEOUT_S", deadline)
     assert reward.is_correct("\\boxed{\\sqrt{12}}", "2\\sqrt{3}") is True
 
 
 def test_without_workers_falls_back_to_exact_matches(monkeypatch, caplog):
     """If no worker process can start, nothing raises: exact and numeric matches still count, the rest is wrong."""
-    monkeypatch.setattr(reward, "_POOL", None)
-    monkeypatch.setattr(reward, "_CACHE", {})
-    monkeypatch.setattr(reward, "_WARNED", [])
-    monkeypatch.setattr(reward.sys, "executable", "/nonexistent/python")
+    monkeypatch.setattr(verify_pool, "_POOL", None)
+    monkeypatch.setattr(verify_pool, "_CACHE", {})
+    monkeypatch.setattr(verify_pool, "_WARNED", [])
+    monkeypatch.setattr(verify_pool.sys, "executable", "/nonexistent/python")
     assert reward.is_correct("Answer: 1/2", "0.5") is True
     assert reward.is_correct("\\boxed{\\sqrt{12}}", "2\\sqrt{3}") is False
     assert reward.score_batch(["Answer: 7", "Answer: x+1"], ["7", "1+x"]) == [1.0, 0.0]
-    assert "unavailable" in caplog.text and reward._POOL.broken
+    assert "unavailable" in caplog.text and verify_pool._POOL.broken
 
 
 def test_many_open_files(monkeypatch):
@@ -290,11 +291,11 @@ def test_many_open_files(monkeypatch):
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
     fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
-        monkeypatch.setattr(reward, "_POOL", None)
-        monkeypatch.setattr(reward, "_CACHE", {})
+        monkeypatch.setattr(verify_pool, "_POOL", None)
+        monkeypatch.setattr(verify_pool, "_CACHE", {})
         assert reward.is_correct("\\boxed{\\sqrt{8}}", "2\\sqrt{2}") is True
-        assert reward._POOL.idle[0].proc.stdout.fileno() > 1024
-        reward._POOL.close()
+        assert verify_pool._POOL.idle[0].proc.stdout.fileno() > 1024
+        verify_pool._POOL.close()
     finally:
         for fd in fds:
             os.close(fd)
@@ -327,7 +328,7 @@ def _forked_child(queue):
 
 def test_in_forked_child():
     """A process forked after the pool exists builds its own workers instead of sharing the parent's pipes."""
-    reward._pool()
+    verify_pool._pool()
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
     p = ctx.Process(target=_forked_child, args=(q,))
