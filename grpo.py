@@ -1,4 +1,4 @@
-"""GRPO advantages, the BandPO surrogate loss and its diagnostics — shared/PAPER.md §3 as pure tensor code.
+"""GRPO advantages, the BandPO surrogate loss and its diagnostics — docs/paper.md §3 as pure tensor code.
 
 The objective (§3), per response token t of a sampled response with group-normalised advantage Â:
 
@@ -10,8 +10,8 @@ The objective (§3), per response token t of a sampled response with group-norma
 [1−ε₋, 1+ε₊]); this file never imports band.py, so the surrogate is written once for every method. The loss is
 aggregated with "seq-mean-token-mean" as in the paper; see `policy_loss` for the normaliser and the gradient-
 accumulation bug it avoids. Also here: the GRPO advantage (unbiased group std, as the authors' recipe), the
-KL-to-reference estimators (k1, k2, k3, low_var_kl), a chunked token log-prob that never holds a second
-full-vocabulary float32 tensor, and the clip diagnostics of the paper's Figure 3, returned as sums/counts.
+KL-to-reference estimators (k1, k2, k3, low_var_kl), and the clip diagnostics of the paper's Figure 3, returned
+as sums/counts. The log-probs themselves come from logprobs.py.
 
 Out-of-band counts regardless of the advantage's sign (`band/out_upper_frac`, `band/out_lower_frac`, and per
 old-probability bin) show where the band acts, as the authors log them; `clip/*` counts only gradient-zeroing clips.
@@ -23,7 +23,7 @@ Deliberate departures from the authors' verl fork:
 - "seq-mean-token-sum-norm" divides by num_seqs·max_len (Dr. GRPO's 1/G · 1/MAX_TOKENS); verl's mode of that name
   divides the token sum by the response length only (a constant factor away for a fixed batch size).
 
-Tests: `.venv/bin/python -m pytest tests/test_grpo.py`; memory table: `python benchmarks/bench_logprob_memory.py`.
+Tests: `.venv/bin/python -m pytest tests/test_grpo.py`.
 """
 import torch
 
@@ -236,72 +236,3 @@ def kl_penalty(logp, ref_logp, kind):
         kl = (-log_ratio).clamp(-20.0, 20.0)                                 # log π_ref/π
         return (kl.exp() - kl - 1).clamp(-10.0, 10.0)
     raise ValueError(f"kind must be one of k1, k2, k3, low_var_kl, got {kind!r}")
-
-
-# --- token log-probs and entropy ---
-
-def entropy_from_logits(logits):
-    """H = logsumexp(z) − Σ softmax(z)·z over the last dim, in float32 (the plain reference; full-size temporaries)."""
-    z = logits.float() if logits.dtype != torch.float64 else logits
-    return torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
-
-
-class _TokenLogprob(torch.autograd.Function):
-    """log softmax(z)[target] over chunks of positions. Saves only the caller's logits (no copy), the log-normaliser
-    and the targets; the backward rebuilds softmax chunk by chunk and writes the gradient in the logits' dtype."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, chunk_size, with_entropy, temperature):  # logits (B, T, V), targets (B, T)
-        cdtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        B, T, _ = logits.shape
-        logp = torch.empty(B, T, dtype=cdtype, device=logits.device)         # (B, T)
-        lse = torch.empty_like(logp)                                         # (B, T)
-        ent = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
-        for s in range(0, T, chunk_size):
-            z = logits[:, s:s + chunk_size].to(cdtype)                       # (B, c, V) the only fp32 vocab tensor
-            if temperature != 1.0:
-                z = z / temperature                                          # (B, c, V) after the upcast
-            lse[:, s:s + chunk_size] = lse_c = torch.logsumexp(z, -1)        # (B, c)
-            logp[:, s:s + chunk_size] = z.gather(-1, targets[:, s:s + chunk_size, None]).squeeze(-1) - lse_c
-            if with_entropy:
-                ent[:, s:s + chunk_size] = lse_c - (torch.exp(z - lse_c[..., None]) * z).sum(-1)
-        ctx.save_for_backward(logits, targets, lse)
-        ctx.chunk_size, ctx.temperature = chunk_size, temperature
-        ctx.mark_non_differentiable(ent)
-        return logp, ent
-
-    @staticmethod
-    def backward(ctx, grad_logp, _grad_ent):                                 # grad_logp (B, T)
-        logits, targets, lse = ctx.saved_tensors
-        grad = torch.empty_like(logits)                                      # (B, T, V) in the logits' dtype
-        c, temp = ctx.chunk_size, ctx.temperature
-        for s in range(0, logits.shape[1], c):
-            g = grad_logp[:, s:s + c, None].to(lse.dtype) / temp             # (B, c, 1) d(z/T)/dz = 1/T
-            d = logits[:, s:s + c].to(lse.dtype, copy=True)                  # (B, c, V) the one fp32 chunk
-            if temp != 1.0:
-                d.div_(temp)
-            d.sub_(lse[:, s:s + c, None]).exp_().mul_(-g)                    # −g·softmax, in place
-            d.scatter_add_(-1, targets[:, s:s + c, None], g)                 # + g at the target
-            grad[:, s:s + c] = d
-        return grad, None, None, None, None
-
-
-def token_logprobs(logits, targets, *, chunk_size=64, with_entropy=False, temperature=1.0):
-    """log softmax(logits / temperature)[target] from logits (B, T, V) of any float dtype -> (B, T) float32
-    (float64 for float64 logits).
-
-    Differentiable w.r.t. logits. The naive `logits.float().log_softmax(-1).gather(...)` holds a float32 copy of the
-    logits plus the float32 log_softmax that autograd keeps for backward (8 bytes per logit on top of the bf16 logits,
-    12 with the backward); here only a (B, chunk_size, V) float32 chunk exists at a time, forward and backward, and
-    the gradient is written straight in the logits' dtype. benchmarks/bench_logprob_memory.py measures the peak on
-    CPU at (8, 1024, V ≤ 32768) bf16 and extrapolates linearly in V to (8, 1024, 151936) (Qwen2.5's vocabulary; the
-    bf16 logits alone are 2.49 GB), extra = peak minus the logits:
-        naive          forward  9.96 GB   forward+backward 14.96 GB
-        chunked (64)   forward  0.65 GB   forward+backward  3.00 GB  (2.49 GB of it is the bf16 gradient itself)
-    `chunk_size` is in sequence positions (a chunk has B·chunk_size·V float32 elements: 0.31 GB above).
-    `with_entropy=True` also returns the entropy (B, T), computed in the same pass, without gradient (a diagnostic;
-    the paper has no entropy bonus). `temperature` divides each chunk after its upcast: dividing bf16 logits first
-    would round z/T to bf16 (an error of up to 2^-9·|z/T|, ~0.05 nats at |z/T| = 25) and copy the whole (B, T, V).
-    """
-    logp, ent = _TokenLogprob.apply(logits, targets.long(), int(chunk_size), bool(with_entropy), float(temperature))
-    return (logp, ent) if with_entropy else logp

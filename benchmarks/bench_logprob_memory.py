@@ -1,4 +1,4 @@
-"""Peak memory of grpo.token_logprobs (chunked) vs the naive log_softmax + gather, on CPU, bf16 logits.
+"""Peak memory of logprobs.token_logprobs (chunked) vs the naive log_softmax + gather, on CPU, bf16 logits.
 
 Each case runs in a fresh subprocess: the logits (B, T, V) bf16 are allocated first, then the peak resident set is
 reset (Linux /proc/self/clear_refs "5") and the op runs (forward only, as when computing old/ref log-probs under
@@ -27,7 +27,7 @@ def child(method, mode, B, T, V, chunk):
     import torch
 
     sys.path.insert(0, ROOT)
-    import grpo
+    import logprobs
 
     torch.manual_seed(0)
     logits = torch.empty(B, T, V, dtype=torch.bfloat16).normal_()           # (B, T, V) resident before the reset
@@ -40,7 +40,7 @@ def child(method, mode, B, T, V, chunk):
         if method == "naive":
             logp = logits.float().log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
         else:
-            logp = grpo.token_logprobs(logits, targets, chunk_size=chunk)
+            logp = logprobs.token_logprobs(logits, targets, chunk_size=chunk)
         if mode == "fwd+bwd":
             logp.sum().backward()
     print((_rss_kb("VmHWM") - base) * 1024)
@@ -59,9 +59,9 @@ def main():
         sys.path.insert(0, ROOT)
         import inspect
 
-        import grpo
+        import logprobs
 
-        a.chunk = inspect.signature(grpo.token_logprobs).parameters["chunk_size"].default
+        a.chunk = inspect.signature(logprobs.token_logprobs).parameters["chunk_size"].default
     if a.child:
         return child(*a.child, a.B, a.T, a.V, a.chunk)
 

@@ -46,6 +46,7 @@ def band_overhead(reps):
 
     import band
     import grpo
+    import logprobs
     import rollout
     import train
 
@@ -67,7 +68,7 @@ def band_overhead(reps):
     def trainer_side(method):
         t0 = time.perf_counter()
         with torch.no_grad():
-            old_logp = train.sequence_logprobs(model, input_ids, attn, P, cfg.micro_batch_size)
+            old_logp = logprobs.sequence_logprobs(model, input_ids, attn, P, cfg.micro_batch_size)
         t1 = time.perf_counter()
         band.ratio_bounds(old_logp, method, delta=0.05)  # timed alone; update_policy computes it per micro-batch
         t2 = time.perf_counter()

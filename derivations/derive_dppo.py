@@ -1,4 +1,4 @@
-"""DPPO-Binary-KL masks exactly the tokens that Band-KL clips (issue #15; DPPO: arXiv 2602.04879).
+"""DPPO-Binary-KL masks exactly the tokens that Band-KL clips (DPPO: arXiv 2602.04879; docs/design.md).
 
 verl 0.9.1 ships DPPO as the policy loss `dppo_kl` (verl/trainer/ppo/core_algos.py lines 1460-1541). Per token, with
 old probability p = pi_old(a), new probability b = pi_theta(a) = p r and advantage A, it computes (lines 1515-1523)

@@ -1,6 +1,6 @@
 """Lemma 1 (uniform complement rescaling), derived with sympy and tied to band.py's registry.
 
-Claim (shared/PAPER.md §2): fix the new mass m = p r of the sampled token a. Among all new distributions that give
+Claim (docs/paper.md §2): fix the new mass m = p r of the sampled token a. Among all new distributions that give
 a this mass, D_f(pi_new || pi_old) = sum_v pi_old(v) f(pi_new(v) / pi_old(v)) is smallest when every other token is
 rescaled by the same factor c = (1 - p r) / (1 - p).
 

@@ -3,7 +3,7 @@
 g is convex in r with g(p, 1) = 0 (Theorem 1), so upper = 1/p (pi_new(a) may reach 1) iff g(p, 1/p) <= delta, and
 lower = 0 iff g(p, 0) <= delta. At the ends c = 0 resp. c = 1/(1 - p), hence
     g(p, 1/p) = p f(1/p) + (1 - p) f(0),        g(p, 0) = p f(0) + (1 - p) f(1/(1 - p)).
-Solving these = delta for p gives the thresholds (PAPER.md §2):
+Solving these = delta for p gives the thresholds (docs/paper.md §2):
                 upper saturates iff        lower saturates iff
     TV          p >= 1 - delta              p <= delta
     chi^2       p >= 1/(1 + delta)          p <= delta/(1 + delta)

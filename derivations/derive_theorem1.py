@@ -5,7 +5,7 @@ token, so D_f = g_f(p, r) = p f(r) + (1 - p) f(c). Derived here, for a symbolic 
   dg/dr   = p [f'(r) - f'(c)]                       (dc/dr = -p / (1 - p))
   d2g/dr2 = p f''(r) + p^2 / (1 - p) f''(c) >= 0    (convex in r)
   g(p, 1) = 0 and dg/dr(p, 1) = 0                   (minimum 0 at r = 1)
-so {g <= delta} is an interval [lower, upper] around 1. The specialisations (PAPER.md §2):
+so {g <= delta} is an interval [lower, upper] around 1. The specialisations (docs/paper.md §2):
   TV  g = p |r - 1|,   chi^2  g = p (r - 1)^2 / (1 - p),   KL  g = KL(Bern(p) || Bern(p r)),
   Hellinger (f = (sqrt u - 1)^2)  g = 2 - 2 (p sqrt(r) + (1 - p) sqrt(c)).
 band.py evaluates g in x = log r (`band._g`): it must agree with the symbolic g, which the last test checks.
@@ -60,7 +60,7 @@ def test_theorem1_convex_in_r_with_minimum_at_1():
 
 
 def test_theorem1_specialisations():
-    """TV, chi^2, KL and Hellinger reduce to the closed-form g of PAPER.md §2."""
+    """TV, chi^2, KL and Hellinger reduce to the closed-form g of docs/paper.md §2."""
     # TV: on r <= 1 we have c >= 1 (and the reverse), so |.| opens with known signs on each side
     g_tv_below = p * (1 - r) / 2 + (1 - p) * (c - 1) / 2
     g_tv_above = p * (r - 1) / 2 + (1 - p) * (1 - c) / 2

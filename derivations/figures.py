@@ -1,4 +1,4 @@
-"""The paper's Figure 1b / 2 analogue: ratio bounds and probability-variation bounds versus the old probability p.
+"""The paper's bound-versus-p picture: ratio bounds and probability-variation bounds versus the old probability p.
 
     make figures            # = .venv/bin/python derivations/figures.py  ->  figures/band_bounds.png
 

@@ -1,6 +1,6 @@
 """The clip bottleneck without a language model: one state, a softmax over V tokens, the exact expected surrogate.
 
-shared/PAPER.md §1: a fixed clip lets a token of old probability p rise by at most ε₊·p per update, so a rare token
+docs/paper.md §1: a fixed clip lets a token of old probability p rise by at most ε₊·p per update, so a rare token
 with a positive advantage is stopped after a ×1.2 rise however good it is; Band's upper bound r̄(p) (Theorem 1)
 grows as p shrinks (Prop. 2), and for KL the largest rise p·(r̄ − 1) tends to 1 − e^{−δ} (Prop. 1). This script
 watches that happen rollout by rollout, in two settings that share one start (head token 0.6, rare token p0, the

@@ -1,21 +1,23 @@
 """Compare the clipping methods at toy scale: train each for the same steps and seeds, plot, tabulate, give verdicts.
 
-The paper (shared/PAPER.md §5) claims, on 3B-8B models: (1) BandPO beats GRPO and clip-higher on mean@32 by >= 2
+The paper (docs/paper.md §5) claims, on 3B-8B models: (1) BandPO beats GRPO and clip-higher on mean@32 by >= 2
 points; (2) it keeps the policy entropy about ten times higher (~0.2 vs ~0.02); (3) it clips far fewer low-probability
 tokens at the upper bound. This script runs `train.py` for every (method, delta, seed), one run after another, then
-writes experiments/results/compare.{json,md} and figures/compare.png, with a plain verdict per claim computed from
-the numbers (rules in `verdicts`).
+writes experiments/results/toy/compare.{json,md} and figures/toy_compare.png (by default; --results and --figure
+name another experiment's, as experiments/results/<experiment>/ and figures/<experiment>_compare.png), with a plain
+verdict per claim computed from the numbers (rules in `verdicts`). docs/results.md shows and discusses them.
 
     python experiments/compare.py                        # the toy comparison on the embedded tiny model (CPU)
     python experiments/compare.py --plot-only            # redraw and re-tabulate from the finished runs
     python experiments/compare.py --methods clip,bandkl --seeds 0,1,2 --nproc 8 --max-steps 300 \\
+        --runs-dir runs/qwen2.5-3b --results experiments/results/qwen2.5-3b --figure figures/qwen2.5-3b_compare.png \\
         -- --model Qwen/Qwen2.5-3B-Instruct --data dapo-math-17k,math-l3to5 --eval-data aime24,amc23 \\
         --prompts-per-step 256 --group-size 16 --mini-batch-prompts 64 --lr 1e-6 --max-new-tokens 4096 ...
 
 Everything after `--` goes to train.py unchanged, so the same script runs the real comparison on GPUs. Runs are
 resumable: a finished run is skipped, an interrupted one continues from its last checkpoint (train.py --resume),
 and a finished one is extended by a larger --max-steps. `--jobs 2 --nproc 1` trains two runs at once, each pinned
-to its own cores (how the long-horizon comparison used this 2-core machine; experiments/horizon.py reports it).
+to its own cores (how the long-horizon comparison ran on a 2-core machine; experiments/horizon.py reports it).
 """
 
 import argparse
@@ -251,8 +253,9 @@ def main():
     p.add_argument("--nproc", type=int, default=2, help="ranks per run (torchrun --nproc_per_node)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once, each on its own cores (CPU)")
     p.add_argument("--runs-dir", default=os.path.join(ROOT, "runs", "compare"))
-    p.add_argument("--results", default=os.path.join(ROOT, "experiments", "results"))
-    p.add_argument("--figure", default=os.path.join(ROOT, "figures", "compare.png"))
+    p.add_argument("--results", default=os.path.join(ROOT, "experiments", "results", "toy"),
+                   help="directory of compare.{md,json} (default: the toy comparison's)")
+    p.add_argument("--figure", default=os.path.join(ROOT, "figures", "toy_compare.png"), help="PNG path")
     p.add_argument("--plot-only", action="store_true")
     p.add_argument("--verbose", action="store_true", help="show train.py's output")
     args = p.parse_args(argv)

@@ -1,17 +1,20 @@
 """The long-horizon view of a comparison: does GRPO's entropy collapse, and does the band prevent it?
 
-The paper's central dynamic claim (shared/PAPER.md §5) is that the fixed clip collapses the policy entropy over
+The paper's central dynamic claim (docs/paper.md §5) is that the fixed clip collapses the policy entropy over
 training (~0.02 for GRPO vs ~0.2 for BandPO) and starves low-probability tokens. Entropy collapse is a
 long-horizon effect, so this script reads the runs of a long `experiments/compare.py` comparison and reports the
 whole horizon, not only its end:
 
     python experiments/compare.py --methods clip,clip-higher,bandkl --bandkl-deltas "" --max-steps 300 \\
-        --nproc 1 --jobs 2 --runs-dir runs/compare-long --results experiments/results-long \\
-        --figure figures/compare_long.png -- --lr 3e-4 --mini-batch-prompts 2 --eval-every 25 --save-every 50
-    python experiments/horizon.py runs/compare-long --results experiments/results-long --figure figures/horizon.png
+        --nproc 1 --jobs 2 --runs-dir runs/compare-long-lr1e-4 --results experiments/results/long-lr1e-4 \\
+        --figure figures/long-lr1e-4_compare.png -- --lr 1e-4 --mini-batch-prompts 2 --eval-every 25 --save-every 50
+    python experiments/horizon.py runs/compare-long-lr1e-4 --results experiments/results/long-lr1e-4 \\
+        --figure figures/long-lr1e-4_horizon.png
 
 It writes <results>/horizon.{md,json}, <figure> (six curves over steps) and <figure>_bins.png (where the band acts:
-the out-of-band token fractions per old-probability bin). Definitions, used by the table and the verdicts:
+the out-of-band token fractions per old-probability bin); without --results / --figure, into the runs directory.
+The committed experiments keep theirs in experiments/results/<experiment>/ and figures/<experiment>_horizon*.png,
+shown in docs/results.md. Definitions, used by the table and the verdicts:
 - start entropy: the entropy at step 1 (the initial policy on its first rollout; every method of a seed shares it);
 - half-entropy step: the first step at which the trailing WINDOW-step mean of the entropy is <= half the start;
 - "final" step metrics: the mean over the last WINDOW steps; final accuracy: the mean of the last LAST_EVALS

@@ -1,4 +1,4 @@
-"""BandPO in TRL: `BandGRPOTrainer`, a `trl.GRPOTrainer` whose ratio clip is the Band (shared/PAPER.md §3).
+"""BandPO in TRL: `BandGRPOTrainer`, a `trl.GRPOTrainer` whose ratio clip is the Band (docs/paper.md §3).
 
 GRPO clips the ratio r = pi_theta / pi_old of every token to the fixed [1 - eps, 1 + eps]; BandPO clips it to the
 per-token interval [lower, upper] = band.ratio_bounds(old_logp, ...) implied by the f-divergence trust region of
@@ -30,7 +30,7 @@ How it hooks in (trl 1.16.0, pinned in requirements.txt; trl/trainer/grpo_traine
   for A < 0): both give -A min(max(r, clip(r)), c). The paper uses c = 10 = band_max_ratio.
   TRL's `delta` is that ratio cap; our `band_delta` is the divergence radius.
 
-What is not the paper's recipe (README, "Use Band in your trainer"): TRL's default loss_type "dapo" is token-mean over
+What is not the paper's recipe (docs/integrations.md): TRL's default loss_type "dapo" is token-mean over
 the accumulated batch (the paper's is "grpo"); "grpo" normalises per micro-batch, not over the mini-batch (equal when
 micro-batches hold the same number of responses); TRL's advantage is (R - mean) / (std + 1e-4), its KL (beta, off by
 default) is the plain k3. On CPU, GRPOConfig's defaults bf16=True and gradient_checkpointing=True must be turned off

@@ -1,4 +1,4 @@
-"""BandPO in verl: importing this file registers the Band surrogate (shared/PAPER.md §3) as verl policy losses.
+"""BandPO in verl: importing this file registers the Band surrogate (docs/paper.md §3) as verl policy losses.
 
 Registered with verl's own `register_policy_loss` (verl 0.9.1, verl/trainer/ppo/core_algos.py line 53):
     bandpo             Band-KL, the paper's method
@@ -29,7 +29,7 @@ bit; bandpo equals grpo.policy_loss with Band-KL bounds (tests/test_verl_bandpo.
 
 Differences from train.py: verl's "seq-mean-token-sum-norm" divides by the response length only (grpo.py explains);
 verl's advantages, KL loss and rollout correction are verl's. verl's dppo_kl masks the same tokens as Band-KL
-(derivations/derive_dppo.py) but has no upper cap and no dual clip (README, "Use Band in your trainer").
+(derivations/derive_dppo.py) but has no upper cap and no dual clip (docs/design.md, docs/integrations.md).
 """
 import os
 import sys

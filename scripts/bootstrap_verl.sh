@@ -3,7 +3,7 @@
 # Why a second environment: verl 0.9.1 pins transformers>=5.5.3,<5.11, ours is 5.19.0 (requirements.txt); a plain
 # install would downgrade .venv's transformers (and pull ray, wandb, tensorboard, +1 GB). Its policy losses
 # (verl.trainer.ppo.core_algos) import fine on our torch/transformers/numpy with verl installed --no-deps plus the
-# small packages pinned below (shared/ENV.md). Re-runs are no-ops until this file changes. Measured on the 2-core
+# small packages pinned below (docs/setup.md). Re-runs are no-ops until this file changes. Measured on the 2-core
 # dev box: 105 s from scratch (pip cache warm), 1.4 GB (torch 754 MB, ray 220 MB, transformers 120 MB).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -15,6 +15,7 @@ import torch  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
 
 import rollout  # noqa: E402
+import logprobs  # noqa: E402
 import train  # noqa: E402
 
 
@@ -23,7 +24,7 @@ def main():
     torch.use_deterministic_algorithms(True)
     cfg = train.Config(method="bandkl", delta=0.05, model=rollout.DEFAULT_MODEL, prompts_per_step=4,
                        mini_batch_prompts=2, group_size=4, micro_batch_size=3, max_new_tokens=10, lr=0.01,
-                       grad_clip=1e6)  # no clipping: a wrong gradient scale must show in the weights
+                       grad_clip=1e6, train_dtype="float32")  # no clipping: a wrong gradient scale shows
     device = train.init_distributed()
     torch.manual_seed(0)
     model = train.build_model(cfg, device)
@@ -39,7 +40,7 @@ def main():
     attn = torch.cat([torch.ones(B, P, dtype=torch.long), mask.long()], dim=1)  # (B, P+T)
     advantages = torch.randn(B, generator=g)  # (B,)
     with torch.no_grad():
-        old_logp = train.sequence_logprobs(model, input_ids, attn, P, 8)
+        old_logp = logprobs.sequence_logprobs(model, input_ids, attn, P, 8)
     old_logp = old_logp + 0.5 * torch.randn(old_logp.shape, generator=g)  # ratios away from 1: the band binds
     rows = torch.cat([torch.arange(m * 8, (m + 1) * 8).chunk(train.WORLD)[train.RANK] for m in range(2)])
     sums, skipped, _ = train.update_policy(model, optimizer, cfg, device, input_ids[rows], attn[rows], mask[rows], P,

@@ -44,7 +44,7 @@ def prompts(tokenizer):
 def vllm_engine():
     if not rollout.vllm_available():
         pytest.skip("vllm is not installed")
-    engine = rollout.make_engine("vllm", rollout.DEFAULT_MODEL, seed=0)
+    engine = rollout.make_engine("vllm", rollout.DEFAULT_MODEL, seed=0, dtype="float32")
     yield engine
     engine.close()
 
@@ -158,7 +158,7 @@ def test_hf_sync_weights(hf_model, prompts):
     shared = rollout.make_engine("hf", rollout.DEFAULT_MODEL, model=hf_model)
     rollout.sync_weights(shared, hf_model)
     assert shared.model is hf_model
-    own = rollout.make_engine("hf", rollout.DEFAULT_MODEL)
+    own = rollout.make_engine("hf", rollout.DEFAULT_MODEL, dtype="float32")
     new = perturbed(hf_model)
     rollout.sync_weights(own, new)
     for (name, a), (_, b) in zip(own.model.named_parameters(), new.named_parameters()):
@@ -243,8 +243,8 @@ trainer = copy.deepcopy(new)
 for layer in trainer.model.layers:
     fully_shard(layer)
 fully_shard(trainer)
-engine = rollout.make_engine("vllm", rollout.DEFAULT_MODEL)  # every rank, same point: vLLM builds groups
-hf = rollout.make_engine("hf", rollout.DEFAULT_MODEL)
+engine = rollout.make_engine("vllm", rollout.DEFAULT_MODEL, dtype="float32")  # every rank, same point: vLLM builds groups
+hf = rollout.make_engine("hf", rollout.DEFAULT_MODEL, dtype="float32")
 rollout.sync_weights(engine, trainer)  # full_tensor() per parameter: a collective on both ranks
 rollout.sync_weights(hf, trainer)
 records = data.arithmetic(2, split="test", levels=(1, 3), seed=rank)

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import data
+import logprobs
 import rollout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,7 +65,7 @@ def test_one_real_training_step_with_vllm_two_ranks(tmp_path):
                   "--temperature", "0.7", "--prompts-per-step", "2", "--group-size", "2", "--mini-batch-prompts", "2",
                   "--micro-batch-size", "2", "--max-prompt-len", "512", "--max-new-tokens", "24", "--lr", "1e-6",
                   "--max-steps", "1", "--eval-every", "1", "--eval-prompts", "2", "--eval-n", "1",
-                  "--out-dir", str(run)])
+                  "--train-dtype", "float32", "--rollout-dtype", "float32", "--out-dir", str(run)])
     assert r.returncode == 0, r.stderr[-4000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     step = rows[-1]
@@ -144,7 +145,7 @@ def test_several_stop_tokens(tmp_path, tokenizer, kind):
         pytest.skip("vllm is not installed")
     newline = tokenizer.convert_tokens_to_ids("Ċ")  # byte-level BPE's "\n"
     path = model_copy(tmp_path, [tokenizer.eos_token_id, newline])
-    engine = rollout.make_engine(kind, path, tokenizer=tokenizer, max_model_len=640)
+    engine = rollout.make_engine(kind, path, tokenizer=tokenizer, max_model_len=640, dtype="float32")
     try:
         ids, _, _ = data.tokenize_prompts(data.load(GSM8K, split="test", n=2), tokenizer, 512)
         outs = engine.generate(ids, 2, rollout.Sampling(temperature=1.0, max_new_tokens=64, seed=0))
@@ -161,7 +162,6 @@ def test_several_stop_tokens(tmp_path, tokenizer, kind):
 def test_tokenizer_without_pad_token(tokenizer):
     """Llama-3-style tokenizers have no pad token: prompts tokenize, the HF engine pads with EOS, the trainer packs
     (it never reads the pad id) and the packed rows reproduce the tokens."""
-    import train
 
     tok = tokenizer.__class__.from_pretrained(MODEL)
     tok.pad_token = None
@@ -169,7 +169,7 @@ def test_tokenizer_without_pad_token(tokenizer):
     ids, _, _ = data.tokenize_prompts(data.load(GSM8K, split="test", n=2), tok, 512)
     engine = rollout.make_engine("hf", MODEL, tokenizer=tok)
     outs = engine.generate(ids, 1, rollout.Sampling(temperature=1.0, max_new_tokens=4, seed=0))
-    input_ids, attn, mask, n_prompt, _ = train.pack(ids, outs, torch.device("cpu"))
+    input_ids, attn, mask, n_prompt, _ = logprobs.pack(ids, outs, torch.device("cpu"))
     for b, c in enumerate(outs):
         row = input_ids[b][attn[b].bool()].tolist()
         assert row == ids[c.prompt_index] + c.token_ids
@@ -184,7 +184,7 @@ def test_vllm_sync_updates_tied_embeddings(tokenizer):
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
     old = {k: v.clone() for k, v in model.state_dict().items()}
-    engine = rollout.make_engine("vllm", MODEL, tokenizer=tokenizer, max_model_len=640)
+    engine = rollout.make_engine("vllm", MODEL, tokenizer=tokenizer, max_model_len=640, dtype="float32")
     ids, _, _ = data.tokenize_prompts(data.load(GSM8K, split="test", n=2), tokenizer, 512)
 
     def error(state):  # max |engine log-prob - teacher-forced log-prob| under the weights `state`

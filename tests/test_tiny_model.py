@@ -1,7 +1,7 @@
 """The embedded default model (models/tiny-arith, built by make_tiny_model.py) is what the project claims it is.
 
 Claims: one token per character and lossless text (spaces and newlines intact, the Qwen2-tokenizer trap of
-shared/ENV.md avoided); save/load gives identical logits and text; the recorded held-out accuracy at T = 1 lies in
+docs/setup.md avoided); save/load gives identical logits and text; the recorded held-out accuracy at T = 1 lies in
 the 20-50 % band that leaves room for RL, is reproduced by a fresh measurement, and the distribution is
 non-degenerate (pass@8 well above mean@8: groups of 8 mix right and wrong answers).
 """

@@ -6,6 +6,7 @@ killed with SIGKILL resumes from its last checkpoint and ends where an uninterru
 one line and exit code 2 before anything starts; two "nodes" on localhost rendezvous and train.
 """
 import json
+import math
 import os
 import socket
 import subprocess
@@ -17,9 +18,11 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
-# A small, fast shape: 4 prompts x 4 samples per step, two mini-batches, a short eval.
-FAST = ["--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", "2", "--micro-batch-size", "4",
-        "--eval-prompts", "8", "--eval-n", "2", "--max-new-tokens", "12"]
+# A small, fast shape: 4 prompts x 4 samples per step, two mini-batches, a short eval; float32 explicitly (the
+# exact-value checks below derive their tolerances from float32; "auto" is bf16 on a CPU with native bf16).
+SHAPE = ["--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", "2", "--micro-batch-size", "4",
+         "--eval-prompts", "8", "--eval-n", "2", "--max-new-tokens", "12"]
+FAST = [*SHAPE, "--train-dtype", "float32", "--rollout-dtype", "float32"]
 REQUIRED_KEYS = {"step", "reward/mean", "entropy", "clip/frac", "clip/frac_upper", "clip/frac_lower",
                  "clip/low_p_upper_rate", "time/step"}
 
@@ -100,6 +103,28 @@ def test_train_two_ranks_runs_end_to_end(engine, tmp_path):
 
 
 @pytest.mark.slow
+def test_python_train_py_one_process_bf16(tmp_path):
+    """`python train.py` (no torchrun) is the same program on one process; with --train-dtype/--rollout-dtype
+    bfloat16 (FSDP2 mixed precision: bf16 compute, fp32 master weights) the first mini-batch's ratio is exactly 1:
+    the no-grad π_old pass and the update run the same shapes through the same kernels."""
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "train.py", "--max-steps", "2", "--eval-every", "0", "--no-export-hf",
+                        "--train-dtype", "bfloat16", "--rollout-dtype", "bfloat16", "--out-dir", str(run), *SHAPE],
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cfg = json.loads((run / "config.json").read_text())
+    assert (cfg["train_dtype"], cfg["rollout_dtype"]) == ("bfloat16", "bfloat16")
+    steps = read_metrics(run)
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:  # two mini-batches per rollout (SHAPE): π_old comes from its own no-grad pass
+        assert m["ratio/first_abs_dev"] == 0.0, m["ratio/first_abs_dev"]
+        assert math.isfinite(m["loss"]) and m["update/skipped"] == 0
+        # bf16 rounds 2^16 times coarser than fp32: the same comparison in fp32 stays under 6.1e-4 (the bound of
+        # test_train_two_ranks_runs_end_to_end, measured ~6e-7); above it, both sides really computed in bf16
+        assert m["rollout/logprob_diff"] > 4 * 64 * 40 * torch.finfo(torch.float32).eps / 2, m
+
+
+@pytest.mark.slow
 def test_fsdp_two_ranks_equal_one_rank(tmp_path):
     """FSDP2 on 2 ranks (gloo) = 1 rank on the same global batch: weights after one step agree to float32 rounding."""
     outs = {}
@@ -171,6 +196,7 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     (["--top-p", "0.9"], "--top-p must be 1.0"),
     (["--temperature", "0"], "--temperature must be > 0"),
     (["--rollout-dtype", "int8"], "int8"),
+    (["--train-dtype", "float16"], "unknown --train-dtype 'float16'"),
     (["--prompts-per-step", "6", "--mini-batch-prompts", "4"], "--prompts-per-step 6 is not a multiple"),
 ])
 def test_bad_flags_exit_2_with_one_line(flags, message, tmp_path):
@@ -212,7 +238,7 @@ def test_non_finite_loss_skips_the_update_and_keeps_the_weights(monkeypatch):
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         cfg = train.Config(model=rollout.DEFAULT_MODEL, prompts_per_step=2, mini_batch_prompts=1, group_size=2,
-                           micro_batch_size=4, max_new_tokens=6)
+                           micro_batch_size=4, max_new_tokens=6, train_dtype="float32")
         model = train.build_model(cfg, torch.device("cpu"))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         before = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
+import logprobs
 import rollout
 import train
 
@@ -36,7 +37,7 @@ def reference():
 
 
 def batch(seed=0, B=6, P=7, T=9, vocab=60):
-    """Rows with prompts of 2..P tokens (left-padded) and responses of 1..T tokens (right-padded), as train.pack."""
+    """Rows with prompts of 2..P tokens (left-padded) and responses of 1..T tokens (right-padded), as logprobs.pack."""
     g = torch.Generator().manual_seed(seed)
     plen, rlen = torch.randint(2, P + 1, (B,), generator=g), torch.randint(1, T + 1, (B,), generator=g)
     plen[0], rlen[1] = P, T  # the longest prompt and response set the width, as in a real step
@@ -51,7 +52,7 @@ def batch(seed=0, B=6, P=7, T=9, vocab=60):
 def test_build_model_loads_once_and_matches_from_pretrained(group, reference):
     """Meta-device build + rank-0 load + broadcast: every parameter and buffer equals from_pretrained's, bit for bit
     (a shard left uninitialised by to_empty, or rotary frequencies lost with the meta buffers, would not)."""
-    cfg = train.Config(model=rollout.DEFAULT_MODEL)
+    cfg = train.Config(model=rollout.DEFAULT_MODEL, train_dtype="float32")
     model = train.build_model(cfg, torch.device("cpu"))
     ref = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32)
     for name, p in ref.state_dict().items():
@@ -67,11 +68,11 @@ def test_build_model_loads_once_and_matches_from_pretrained(group, reference):
 def test_sequence_logprobs_equal_unpadded_forward(group, reference, temperature):
     """Padded + trimmed micro-batches with logits for response positions only = log_softmax(logits / T) of one
     unpadded float64 forward per row, at every response token; 0 past each response."""
-    cfg = train.Config(model=rollout.DEFAULT_MODEL)
+    cfg = train.Config(model=rollout.DEFAULT_MODEL, train_dtype="float32")
     model = train.build_model(cfg, torch.device("cpu"), trainable=False)
     ids, attn, mask, P = batch()
     with torch.no_grad():
-        logp, ent = train.sequence_logprobs(model, ids, attn, P, 4, temperature, with_entropy=True)
+        logp, ent = logprobs.sequence_logprobs(model, ids, attn, P, 4, temperature, with_entropy=True)
     for b in range(ids.shape[0]):
         row = ids[b][attn[b].bool()]
         n_resp = int(mask[b].sum())
@@ -95,7 +96,7 @@ def test_on_policy_update_equals_off_policy_with_fresh_old_logprobs(group):
     """One mini-batch: update_policy(old_logp=None), which takes π_old from its own forward, moves the weights exactly
     as update_policy given old log-probs from a separate no-grad pass (the path it skips)."""
     cfg = train.Config(model=rollout.DEFAULT_MODEL, prompts_per_step=2, mini_batch_prompts=2, group_size=3,
-                       micro_batch_size=4, max_new_tokens=9, lr=1e-2, grad_clip=1e6)
+                       micro_batch_size=4, max_new_tokens=9, lr=1e-2, grad_clip=1e6, train_dtype="float32")
     ids, attn, mask, P = batch(seed=1)
     adv = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, -0.4])
     weights = []
@@ -106,7 +107,7 @@ def test_on_policy_update_equals_off_policy_with_fresh_old_logprobs(group):
         old = None
         if not on_policy:
             with torch.no_grad():
-                old = train.sequence_logprobs(model, ids, attn, P, cfg.micro_batch_size, cfg.temperature)
+                old = logprobs.sequence_logprobs(model, ids, attn, P, cfg.micro_batch_size, cfg.temperature)
         sums, skipped, _ = train.update_policy(model, opt, cfg, torch.device("cpu"), ids, attn, mask, P, adv, old,
                                                engine_logp=None)
         assert skipped == 0
@@ -121,7 +122,7 @@ def test_on_policy_update_equals_off_policy_with_fresh_old_logprobs(group):
 
 
 @pytest.mark.parametrize("prompts,group_size,mini,world,ok", [
-    (4, 3, 1, 2, False),   # the issue's example: 6 rows per rank, 4 mini-batches -> 4 of 6 rows trained on
+    (4, 3, 1, 2, False),   # 6 rows per rank, 4 mini-batches -> 4 of 6 rows trained on
     (4, 3, 2, 2, True),    # 6 rows per rank in 2 mini-batches of 3
     (4, 4, 1, 2, True),
     (6, 2, 4, 1, False),   # 6 prompts are not a multiple of 4 per mini-batch

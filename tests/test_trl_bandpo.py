@@ -1,6 +1,6 @@
 """integrations/trl_bandpo.py against the real trl 1.16.0: a few BandGRPOTrainer steps on the tiny model.
 
-Claims (issue #14): with several optimizer steps per generation, (1) at every step the loss TRL computes, and its
+Claims: with several optimizer steps per generation, (1) at every step the loss TRL computes, and its
 gradient with respect to the per-token log-probs, equal grpo.policy_loss with band.ratio_bounds of the old log-probs
 (our surrogate, seq-mean-token-mean = TRL's loss_type="grpo", dual clip c = TRL's delta = 10); (2) TRL's own
 clip_ratio/* metrics count the band's clipped tokens; (3) the band clips other tokens than TRL's plain clip on the
@@ -46,7 +46,7 @@ def _trainer(cls, tmp_path, config=None, **band_kw):
     ds = datasets.Dataset.from_list([{"prompt": r["messages"], "answer": r["answer"]} for r in data.arithmetic(8)])
     args = trl.GRPOConfig(**dict(dict(
         output_dir=str(tmp_path), seed=0, max_steps=STEPS, learning_rate=3e-3, logging_steps=1,
-        temperature=1.5,  # samples more low-p tokens, where the band and the clip differ (the paper's Figure 3)
+        temperature=1.5,  # samples more low-p tokens, where the band and the clip differ (the paper's diagnostics)
         per_device_train_batch_size=8, num_generations=4, max_completion_length=12,
         gradient_accumulation_steps=1, steps_per_generation=STEPS,  # several optimizer steps per generation
         loss_type="grpo", delta=10.0,  # the paper's seq-mean-token-mean and dual clip c = 10

@@ -1,7 +1,7 @@
 """integrations/verl_bandpo.py against verl 0.9.1's own loss code, and Band-KL against verl's DPPO-Binary-KL.
 
 Runs in .venv-verl only: tests/test_verl_bandpo.py starts `.venv-verl/bin/python -m pytest tests/verl_bandpo_checks.py`
-(the file name keeps the main environment's pytest from collecting it). Claims (issues #14, #15):
+(the file name keeps the main environment's pytest from collecting it). Claims:
 - importing the module registers `bandpo` and `bandpo_<method>` for every band.BOUNDS method, also when verl itself
   imports it (VERL_USE_EXTERNAL_MODULES) in a fresh interpreter;
 - bandpo_clip is verl's `vanilla` loss bit for bit (loss, gradient, metrics) for every loss_agg_mode, with local
@@ -10,7 +10,7 @@ Runs in .venv-verl only: tests/test_verl_bandpo.py starts `.venv-verl/bin/python
 - verl's dppo_kl (dppo_tv) zeroes the gradient of exactly the tokens Band-KL (Band-TV) clips (derivations/
   derive_dppo.py proves the KL identity), its gradient equals Band's on every other token, and with the paper's
   cap and dual clip the two differ only on the tokens those act on.
-`.venv-verl/bin/python tests/verl_bandpo_checks.py` prints the DPPO comparison quoted in the README.
+`.venv-verl/bin/python tests/verl_bandpo_checks.py` prints the DPPO comparison quoted in docs/design.md.
 """
 import math
 import os
@@ -199,7 +199,7 @@ def test_dppo_kl_differs_only_by_the_cap_and_the_dual_clip():
 
 
 def main():
-    """The README's numbers: shares of random tokens (see _random_tokens) by how the two gradients compare."""
+    """The numbers docs/design.md quotes: shares of random tokens (see _random_tokens) by how the gradients compare."""
     n = 1_000_000
     print(f"verl dppo_kl / dppo_tv vs Band-KL / Band-TV (grpo.policy_loss), delta = {DELTA}, {n:,} tokens: "
           "p log-uniform in [1e-4, 0.999], new logit = old + N(0, 1), A = +-1")
