@@ -27,7 +27,22 @@ import rollout
 from logprobs import row_spans, sequence_logprobs
 
 
-# --- the model -----------------------------------------------------------------------------------------------------
+# --- the model ---------------------------------------------------------------------------------------------------
+def checkpoints(model_config):
+    """The default of --grad-checkpointing: on for any real LLM (layers x hidden >= 8192: SmolLM2-135M has 30 x 576),
+    off for the embedded tiny model (4 x 128). A real model's activations dominate the step's memory (SmolLM2, 32
+    sequences of 265 tokens in micro-batches of 8: ~3 GB of activations beside 1.5 GB of weights, gradients and
+    AdamW state, benchmarks/bench_memory.py); recomputing them costs one more forward per micro-batch (~+15% of the
+    update there). The tiny model's activations are a few MB: there it would only cost time."""
+    return model_config.num_hidden_layers * model_config.hidden_size >= 8192
+
+
+def make_optimizer(model, cfg):
+    """AdamW on the fp32 master weights. fused=True: one kernel per parameter group instead of foreach's lists of
+    full-size temporaries (another copy of the weights, transiently, on top of the two moment buffers)."""
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
+
+
 def build_model(cfg, device, trainable=True):
     """Load a causal LM once and shard it with FSDP2: fully_shard each decoder layer, then the root.
 
@@ -42,7 +57,7 @@ def build_model(cfg, device, trainable=True):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.model), dtype=torch.float32)
     model.tie_weights()  # from_config does not tie (from_pretrained would): lm_head = embed_tokens when configured
     buffers = {name: b.clone() for name, b in model.named_buffers()}
-    if trainable and cfg.grad_checkpointing:
+    if trainable and (cfg.grad_checkpointing if cfg.grad_checkpointing is not None else checkpoints(model.config)):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     # --train-dtype bfloat16: bf16 compute (parameters cast when FSDP gathers them, bf16 activations and logits)

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 import transformers
 from tqdm import tqdm
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 import band
 import data
@@ -54,7 +54,8 @@ import reward
 import rollout
 from checkpoint import export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
 from logprobs import pack
-from policy import batch_logprobs, build_model, check_batch_shape, old_policy_sums, on_policy, update_policy
+from policy import (batch_logprobs, build_model, check_batch_shape, checkpoints, make_optimizer, old_policy_sums,
+                    on_policy, update_policy)
 
 
 @dataclass
@@ -91,7 +92,7 @@ class Config:
     weight_decay: float = 0.0         # AdamW weight decay
     grad_clip: float = 1.0            # global grad-norm clip
     max_steps: int = 60               # rollout steps
-    grad_checkpointing: bool = False  # activation checkpointing in the decoder layers
+    grad_checkpointing: bool = None   # activation checkpointing in the decoder layers; unset = policy.checkpoints
     train_dtype: str = "auto"         # compute dtype (master weights stay fp32): auto = bf16 where native, else fp32
     # --- engines, logging, checkpoints ---
     rollout: str = "auto"             # rollout engine: vllm, hf, auto (vLLM when importable)
@@ -114,7 +115,7 @@ def parse_config(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
-        if f.type is bool or f.type == "bool":
+        if f.type is bool or f.type == "bool":  # --x / --no-x; unset keeps the default (None: decided later)
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
             parser.add_argument(flag, type=type(f.default), default=f.default)
@@ -162,8 +163,10 @@ def resolve_config(cfg):
         out_dir = cfg.resume
     if not out_dir:
         out_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + "-" + cfg.method)
-    # "auto" dtypes are resolved here, so config.json records what ran (and a resumed run keeps it)
-    return dataclasses.replace(cfg, model=model, data=task, out_dir=out_dir,
+    # "auto" choices are resolved here, so config.json records what ran (and a resumed run keeps it)
+    ckpt = cfg.grad_checkpointing
+    ckpt = checkpoints(AutoConfig.from_pretrained(model)) if ckpt is None else ckpt
+    return dataclasses.replace(cfg, model=model, data=task, out_dir=out_dir, grad_checkpointing=ckpt,
                                train_dtype=rollout.resolve_dtype(cfg.train_dtype),
                                rollout_dtype=rollout.resolve_dtype(cfg.rollout_dtype))
 
@@ -337,7 +340,7 @@ def main(argv=None):
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     model = build_model(cfg, device)
     ref_model = build_model(cfg, device, trainable=False) if cfg.kl_coef > 0 else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = make_optimizer(model, cfg)
     # the engine before the checkpoint: vLLM reseeds the global RNGs when it starts, the checkpoint restores them
     engine = rollout.make_engine(cfg.rollout, cfg.model, tokenizer=tokenizer, seed=cfg.seed + RANK,
                                  dtype=cfg.rollout_dtype, gpu_memory_utilization=cfg.gpu_memory_utilization,

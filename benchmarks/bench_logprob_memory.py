@@ -4,7 +4,7 @@ Each case runs in a fresh subprocess: the logits (B, T, V) bf16 are allocated fi
 reset (Linux /proc/self/clear_refs "5") and the op runs (forward only, as when computing old/ref log-probs under
 no_grad, or forward + backward of logp.sum(), as in the actor update). "extra" = peak RSS minus the RSS with the logits
 already resident, so it is what each method adds on top of the logits that the model produces anyway. Bytes per
-logit element are then extrapolated linearly in V to the issue's (8, 1024, 151936) case (for the chunked method the
+logit element are then extrapolated linearly in V to Qwen2.5's vocabulary, (8, 1024, 151936) (for the chunked method the
 chunk term is B·chunk·V·4 bytes, also linear in V).
 
     .venv/bin/python benchmarks/bench_logprob_memory.py [--B 8] [--T 1024] [--vocabs 8192,16384,32768] [--chunk 64]

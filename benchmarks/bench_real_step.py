@@ -1,16 +1,16 @@
-"""Training step of a real pretrained model on CPU: SmolLM2-135M-Instruct on GSM8K, before/after in one session.
+"""Training step of a real pretrained model on CPU: SmolLM2-135M-Instruct on GSM8K, this code against a revision.
 
 Runs the real command, `torchrun --nproc_per_node N train.py --model models/smollm2-135m-instruct --data
 data/gsm8k/train.jsonl ...`, for a few steps, and reads the time split from metrics.jsonl (the first step dropped:
 warm-up) and the peak resident memory of the training process from /usr/bin/time (%M = max RSS of the largest
 process of the run, in KiB). `--before REV` first runs the same command in a git worktree of revision REV (same
-.venv, same model and data files, absolute paths), so the two rows come from one session on one machine: compare
-them as ratios, the machine is shared and noisy.
+.venv, same model and data files, absolute paths), so the two rows come from one run on one machine: compare them
+as ratios, the machine is shared and noisy.
 
-Shape (issue #13's measurement): 1 rank, 8 prompts x 4 samples, 64 new tokens, micro-batch 8, prompts up to 512
+Shape: 1 rank, 8 prompts x 4 samples, 64 new tokens, micro-batch 8, prompts up to 512
 tokens, one mini-batch per rollout (on-policy), vLLM rollout.
 
-    make smollm2 && python benchmarks/bench_real_step.py --before 4381dd8      # ~10 min on 2 CPU cores
+    make smollm2 && python benchmarks/bench_real_step.py --before 1b1bd1a      # ~10 min on 2 CPU cores
 """
 
 import argparse

@@ -1,0 +1,102 @@
+"""Where a training process's memory goes: resident memory after each phase of train.py's set-up and step.
+
+Builds what `train.py` builds, in its order, in one process (1 rank, gloo): the FSDP2 model, AdamW, the vLLM engine
+(or none with --rollout hf), then one rollout of the real shape and one update on it, and prints the resident set
+(RSS, /proc/self/statm) and the peak so far (ru_maxrss) after each phase, with what the phase should cost by
+arithmetic (parameters x bytes). Defaults: SmolLM2-135M-Instruct, the shape of benchmarks/bench_real_step.py
+(8 GSM8K prompts x 4 samples, 64 new tokens, micro-batch 8, one mini-batch), train.py's default flags.
+
+    python benchmarks/bench_memory.py                               # SmolLM2, train.py's defaults
+    python benchmarks/bench_memory.py --grad-checkpointing          # any train.py flag after the script's own
+"""
+import os
+import resource
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+import torch  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+import data  # noqa: E402
+import grpo  # noqa: E402
+import rollout  # noqa: E402
+import train  # noqa: E402
+from logprobs import pack  # noqa: E402
+
+MODEL = os.path.join(ROOT, "models", "smollm2-135m-instruct")
+SHAPE = ["--model", MODEL, "--data", os.path.join(ROOT, "data", "gsm8k"), "--prompts-per-step", "8",
+         "--group-size", "4", "--mini-batch-prompts", "8", "--micro-batch-size", "8", "--max-new-tokens", "64",
+         "--max-prompt-len", "512", "--lr", "1e-6", "--out-dir", "/tmp/bench-memory"]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_gb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE / 2**30
+
+
+def peak_gb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def main():
+    if os.environ.get("MALLOPT"):
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        print("mallopt", libc.mallopt(-3, int(os.environ["MALLOPT"])))  # M_MMAP_THRESHOLD: fixed, not dynamic
+    cfg = train.load_run_config([*SHAPE, *sys.argv[1:]])
+    rows = []
+
+    def row(phase, expected=""):
+        rows.append((phase, rss_gb(), peak_gb(), expected))
+        print(f"{phase:<34}{rows[-1][1]:>8.2f}{rows[-1][2]:>8.2f}   {expected}", flush=True)
+
+    print(f"{cfg.model}: {cfg.train_dtype} trainer, {cfg.rollout_dtype} engine ({cfg.rollout}), grad checkpointing "
+          f"{cfg.grad_checkpointing}; {cfg.prompts_per_step} prompts x {cfg.group_size}, {cfg.max_new_tokens} new "
+          f"tokens, micro-batch {cfg.micro_batch_size}")
+    print(f"{'phase':<34}{'RSS GB':>8}{'peak GB':>8}   by arithmetic")
+    row("python + torch + transformers")
+    device = train.init_distributed()
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    model = train.build_model(cfg, device)
+    n = sum(p.numel() for p in model.parameters())
+    gb = n * 4 / 2**30
+    row("FSDP2 model (fp32 master weights)", f"{n / 1e6:.1f} M params x 4 B = {gb:.2f} GB")
+    optimizer = train.make_optimizer(model, cfg)
+    engine = rollout.make_engine(cfg.rollout, cfg.model, tokenizer=tokenizer, seed=0, dtype=cfg.rollout_dtype,
+                                 max_model_len=cfg.max_prompt_len + cfg.max_new_tokens)
+    rollout.sync_weights(engine, model)
+    eb = 2 if cfg.rollout_dtype == "bfloat16" else 4
+    row(f"+ {type(engine).__name__} ({cfg.rollout_dtype})",
+        f"weights {n * eb / 2**30:.2f} GB + KV cache 0.25 GB" if isinstance(engine, rollout.VLLMEngine) else "a second model")
+    records = data.load(cfg.data, split="train", n=cfg.prompts_per_step)
+    ids, _, _ = data.tokenize_prompts(records, tokenizer, cfg.max_prompt_len)
+    t = time.time()
+    completions = engine.generate(ids, cfg.group_size, rollout.Sampling(max_new_tokens=cfg.max_new_tokens, seed=0,
+                                                                        logprobs=True))
+    row(f"+ rollout ({time.time() - t:.0f} s)")
+    input_ids, attn, mask, n_prompt, engine_logp = pack(ids, completions, device)
+    rewards = torch.rand(len(completions))
+    adv = grpo.group_advantages(rewards, cfg.group_size)
+    old = None if train.on_policy(cfg) else train.batch_logprobs(model, cfg, input_ids, attn, n_prompt)
+    t = time.time()
+    train.update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt, adv, old,
+                        engine_logp=engine_logp)
+    row(f"+ update 1 ({time.time() - t:.0f} s, {tuple(input_ids.shape)})",
+        f"grads {gb:.2f} + AdamW 2 x {gb:.2f} GB + activations")
+    t = time.time()
+    train.update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt, adv, old,
+                        engine_logp=engine_logp)
+    row(f"+ update 2 ({time.time() - t:.0f} s)")
+    rollout.sync_weights(engine, model)
+    row("+ weight sync")
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()
