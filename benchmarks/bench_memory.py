@@ -1,14 +1,16 @@
 """Where a training process's memory goes: resident memory after each phase of train.py's set-up and step.
 
 Builds what `train.py` builds, in its order, in one process (1 rank, gloo): the FSDP2 model, AdamW, the vLLM engine
-(or none with --rollout hf), then one rollout of the real shape and one update on it, and prints the resident set
+(or none with --rollout hf), then one rollout of the real shape and two updates on it, and prints the resident set
 (RSS, /proc/self/statm) and the peak so far (ru_maxrss) after each phase, with what the phase should cost by
 arithmetic (parameters x bytes). Defaults: SmolLM2-135M-Instruct, the shape of benchmarks/bench_real_step.py
 (8 GSM8K prompts x 4 samples, 64 new tokens, micro-batch 8, one mini-batch), train.py's default flags.
 
     python benchmarks/bench_memory.py                               # SmolLM2, train.py's defaults
-    python benchmarks/bench_memory.py --grad-checkpointing          # any train.py flag after the script's own
+    python benchmarks/bench_memory.py --no-grad-checkpointing       # any train.py flag
+    python benchmarks/bench_memory.py --mmap-threshold 1048576      # first: glibc returns large blocks on free
 """
+import ctypes
 import os
 import resource
 import sys
@@ -45,11 +47,12 @@ def peak_gb():
 
 
 def main():
-    if os.environ.get("MALLOPT"):
-        import ctypes
-        libc = ctypes.CDLL("libc.so.6")
-        print("mallopt", libc.mallopt(-3, int(os.environ["MALLOPT"])))  # M_MMAP_THRESHOLD: fixed, not dynamic
-    cfg = train.load_run_config([*SHAPE, *sys.argv[1:]])
+    argv = sys.argv[1:]
+    if argv[:1] == ["--mmap-threshold"]:  # glibc: blocks above this size are mmapped and go back to the system on
+        threshold, argv = int(argv[1]), argv[2:]  # free (a fixed M_MMAP_THRESHOLD, not glibc's growing one)
+        assert ctypes.CDLL("libc.so.6").mallopt(-3, threshold) == 1, "mallopt(M_MMAP_THRESHOLD) failed"
+        print(f"glibc M_MMAP_THRESHOLD = {threshold} bytes")
+    cfg = train.load_run_config([*SHAPE, *argv])
     rows = []
 
     def row(phase, expected=""):

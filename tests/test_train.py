@@ -105,7 +105,7 @@ def test_train_two_ranks_runs_end_to_end(engine, tmp_path):
 @pytest.mark.slow
 def test_python_train_py_one_process_bf16(tmp_path):
     """`python train.py` (no torchrun) is the same program on one process; with --train-dtype/--rollout-dtype
-    bfloat16 (FSDP2 mixed precision: bf16 compute, fp32 master weights) the first mini-batch's ratio is exactly 1:
+    bfloat16 (FSDP2 mixed precision, vLLM bf16) the run trains and the first mini-batch's ratio is exactly 1:
     the no-grad π_old pass and the update run the same shapes through the same kernels."""
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "train.py", "--max-steps", "2", "--eval-every", "0", "--no-export-hf",
@@ -119,9 +119,7 @@ def test_python_train_py_one_process_bf16(tmp_path):
     for m in steps:  # two mini-batches per rollout (SHAPE): π_old comes from its own no-grad pass
         assert m["ratio/first_abs_dev"] == 0.0, m["ratio/first_abs_dev"]
         assert math.isfinite(m["loss"]) and m["update/skipped"] == 0
-        # bf16 rounds 2^16 times coarser than fp32: the same comparison in fp32 stays under 6.1e-4 (the bound of
-        # test_train_two_ranks_runs_end_to_end, measured ~6e-7); above it, both sides really computed in bf16
-        assert m["rollout/logprob_diff"] > 4 * 64 * 40 * torch.finfo(torch.float32).eps / 2, m
+    # that bf16 really computes (bf16 logits on fp32 master weights) is checked in test_train_steps.py
 
 
 @pytest.mark.slow

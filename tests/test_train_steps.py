@@ -64,6 +64,20 @@ def test_build_model_loads_once_and_matches_from_pretrained(group, reference):
         assert torch.equal(bufs[name], b), name
 
 
+def test_bf16_train_dtype_computes_in_bf16_on_fp32_master_weights(group):
+    """--train-dtype bfloat16 (FSDP2 MixedPrecisionPolicy): the forward computes in bf16 (bf16 logits), while the
+    parameters the optimizer updates and their gradients stay float32. Under float32 the logits are float32."""
+    ids, attn, mask, P = batch(seed=2)
+    for dtype, want in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        cfg = train.Config(model=rollout.DEFAULT_MODEL, train_dtype=dtype)
+        model = train.build_model(cfg, torch.device("cpu"))
+        logits = model(input_ids=ids, attention_mask=attn).logits                   # (B, P+T, V)
+        assert logits.dtype == want, dtype
+        (logits.float().logsumexp(-1) * attn).sum().backward()
+        for name, p in model.named_parameters():
+            assert p.dtype == torch.float32 and p.grad.dtype == torch.float32, (dtype, name)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_sequence_logprobs_equal_unpadded_forward(group, reference, temperature):
     """Padded + trimmed micro-batches with logits for response positions only = log_softmax(logits / T) of one
