@@ -17,7 +17,9 @@ asks for a final line ``Answer: $Answer``.
     aime24         HuggingFaceH4/aime_2024                      train (= all 30) problem / answer
     aime25         math-ai/aime25                               test (= all 30)  problem / answer
     amc23          math-ai/amc23                                test (= all 40)  question / answer (a number)
-    arithmetic[:levels]   the synthetic task below, e.g. "arithmetic:1,2"
+    arithmetic[:levels]   the synthetic task below, e.g. "arithmetic:1,2" (the bare problem, for the tiny model)
+    arithmetic-instruct[:levels]   the same problems, asked for a final "Answer: N" line (`INSTRUCT_TEMPLATE`), for
+                   chat models
 
 The evaluation-only sets have a single Hub split, returned for any `split`. A local .parquet / .jsonl / .json file
 with one of these schemas, or the verl schema the authors' parquet files use (``prompt`` = chat messages,
@@ -73,11 +75,18 @@ def arithmetic_problem(rng, level):
     return f"{a}{op}{b}", str(value)
 
 
-def arithmetic(n, *, split="train", levels=(1, 2, 3), seed=0):
+# The instruction of "arithmetic-instruct": the bare problem suits the tiny model, which was taught the "Answer: N"
+# format; a chat model is asked for it. A short instruction keeps prompts short, and prompt tokens are most of the
+# trainer's compute here (48 tokens with SmolLM2's chat template against ~25 response tokens).
+INSTRUCT_TEMPLATE = "What is {problem}? End with 'Answer: <number>'."
+
+
+def arithmetic(n, *, split="train", levels=(1, 2, 3), seed=0, template=None):
     """`n` records of the synthetic task (levels drawn uniformly), seeded; `split` is "train" or "test".
 
     The test split is the fixed held-out part of the problem space (see `_is_heldout`): a train record never
-    equals a test record, whatever the seeds.
+    equals a test record, whatever the seeds. template: the user turn, "{problem}" replaced by the problem
+    (None: the bare problem); the problems drawn do not depend on it.
     """
     if split not in ("train", "test"):
         raise ValueError(f"unknown split {split!r}; expected 'train' or 'test'")
@@ -86,7 +95,8 @@ def arithmetic(n, *, split="train", levels=(1, 2, 3), seed=0):
     while len(records) < n:
         text, answer = arithmetic_problem(rng, rng.choice(levels))
         if _is_heldout(text) == (split == "test"):
-            records.append({"messages": [{"role": "user", "content": text}], "answer": answer})
+            content = template.format(problem=text) if template else text
+            records.append({"messages": [{"role": "user", "content": content}], "answer": answer})
     return records
 
 
@@ -116,7 +126,7 @@ HUB = {
     "aime25": ("math-ai/aime25", None, {"train": "test", "test": "test"}, "{split}.jsonl", None),
     "amc23": ("math-ai/amc23", None, {"train": "test", "test": "test"}, "*{split}-*.parquet", None),
 }
-KNOWN = ["arithmetic"] + sorted(HUB)
+KNOWN = ["arithmetic", "arithmetic-instruct"] + sorted(HUB)
 SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
@@ -255,11 +265,17 @@ def _keep(row, rule):
     return level in ("3", "4", "5")
 
 
+def _arithmetic_kind(name):
+    """"arithmetic" or "arithmetic-instruct" for a name of the synthetic task (levels or not), else ""."""
+    kind = name.partition(":")[0]
+    return kind if kind in ("arithmetic", "arithmetic-instruct") else ""
+
+
 def split_names(names):
     """"gsm8k,arithmetic:1,3" -> ["gsm8k", "arithmetic:1,3"]: commas separate sets, except inside arithmetic levels."""
     out = []
     for part in filter(None, (p.strip() for p in names.split(","))):
-        if part.isdigit() and out and out[-1].startswith("arithmetic:"):
+        if part.isdigit() and out and _arithmetic_kind(out[-1]) and ":" in out[-1]:
             out[-1] += "," + part
         else:
             out.append(part)
@@ -269,7 +285,7 @@ def split_names(names):
 def check_name(name_or_path):
     """Raise ValueError unless `load` knows this name (or it is a readable local file); loads nothing."""
     name = str(name_or_path)
-    if name == "arithmetic" or name.startswith("arithmetic:"):
+    if _arithmetic_kind(name):
         try:
             levels = [int(x) for x in name.partition(":")[2].split(",") if x]
         except ValueError:
@@ -308,9 +324,11 @@ def load(name_or_path, *, split="train", n=None, seed=0, data_dir=None, template
     """
     check_name(name_or_path)
     name = str(name_or_path)
-    if name == "arithmetic" or name.startswith("arithmetic:"):
+    if _arithmetic_kind(name):
         levels = tuple(int(x) for x in name.partition(":")[2].split(",") if x) or (1, 2, 3)
-        return arithmetic(ARITHMETIC_DEFAULT_N if n is None else n, split=split, levels=levels, seed=seed)
+        instruct = INSTRUCT_TEMPLATE if _arithmetic_kind(name) == "arithmetic-instruct" else None
+        return arithmetic(ARITHMETIC_DEFAULT_N if n is None else n, split=split, levels=levels, seed=seed,
+                          template=instruct)
     if name in HUB:
         rows = _hub_rows(name, split, data_dir)
         rule = HUB[name][4]

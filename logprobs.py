@@ -52,7 +52,7 @@ def row_spans(attn_mask, n_prompt):
 
 
 def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, temperature=1.0, with_entropy=False,
-                      spans=None):
+                      spans=None, group_size=0):
     """Per-token log π(y_t | prefix) of the response tokens under softmax(logits / temperature), the distribution
     the engine sampled from (verl divides the logits the same way), in micro-batches. -> (B, T) [, entropy (B, T)].
 
@@ -60,18 +60,27 @@ def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, t
     all), and the LM head runs on the response positions only (logits_to_keep): the prompt's logits, a (b, P, V)
     tensor, are never made. Positions past a row's response hold 0 (masked out downstream).
     spans: [(prompt length, response length)] of the rows (`row_spans`); computed here (one host sync) when None.
+    group_size: G > 1 when the rows come in groups of G that share one prompt (a GRPO rollout, grouped by prompt)
+    and every micro-batch holds whole groups: each prompt then runs once, not G times (`_shared_prompt_logits`).
     """
     B, T = input_ids.shape[0], input_ids.shape[1] - n_prompt
     spans = row_spans(attn_mask, n_prompt) if spans is None else spans
+    shared = group_size > 1
+    if shared and (micro_batch_size % group_size or B % group_size):
+        raise ValueError(f"a shared-prompt forward needs whole groups: micro-batch {micro_batch_size} and batch {B} "
+                         f"must be multiples of the group size {group_size}")
     logps, ents = [], []
     for i in range(0, B, micro_batch_size):
         rows = slice(i, i + micro_batch_size)
         p = max(s[0] for s in spans[rows])  # this micro-batch's longest prompt (left-padded) ...
         t = max(1, max(s[1] for s in spans[rows]))  # ... and longest response (right-padded)
         ids, am = input_ids[rows, n_prompt - p:n_prompt + t], attn_mask[rows, n_prompt - p:n_prompt + t]  # (b, p+t)
-        pos = (am.cumsum(-1) - 1).clamp(min=0)  # positions count from each prompt's first real token, as in rollout
-        # the t + 1 last positions predict the response tokens and one past the end, which is dropped
-        logits = model(input_ids=ids, attention_mask=am, position_ids=pos, logits_to_keep=t + 1).logits[:, :-1]
+        if shared:
+            logits = _shared_prompt_logits(model, ids, am, p, group_size)                     # (b, t, V)
+        else:
+            pos = (am.cumsum(-1) - 1).clamp(min=0)  # positions count from each prompt's first real token, as rollout
+            # the t + 1 last positions predict the response tokens and one past the end, which is dropped
+            logits = model(input_ids=ids, attention_mask=am, position_ids=pos, logits_to_keep=t + 1).logits[:, :-1]
         # no .float() and no / temperature here: token_logprobs upcasts one chunk at a time, then divides by T
         out = token_logprobs(logits, ids[:, p:], with_entropy=with_entropy, temperature=temperature)  # (b, t)
         keep = am[:, p:].to(torch.float32)                                          # (b, t) 0 past each response
@@ -80,6 +89,29 @@ def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, t
         ents.extend(out[1:])
     logp = torch.cat(logps)
     return (logp, torch.cat(ents)) if with_entropy else logp
+
+
+def _shared_prompt_logits(model, ids, am, p, G):
+    """The logits that predict the response tokens ids[:, p:] (b, t, V), for rows in groups of G with one prompt each,
+    the prompt run once per group: a forward of the b / G prompts that keeps their KV cache, the cache repeated G
+    times, then a forward of the b responses on top of it. The same function as the packed forward of every row
+    (tests/test_logprobs.py checks values and gradients in float64), with the prompt's share of the compute divided
+    by G: GRPO's G completions of a 48-token chat prompt are ~25 tokens each, so the prompt is most of the packed
+    forward. Gradients reach the prompt's positions through the cache. HF turns the cache off under activation
+    checkpointing, so the two do not combine (train.py resolves --share-prompt)."""
+    prompts, prompt_am = ids[::G, :p], am[::G, :p]                                     # (b/G, p)
+    if not torch.equal(ids[:, :p].view(-1, G, p), prompts[:, None].expand(-1, G, p)):
+        raise ValueError(f"rows are not in groups of {G} that share a prompt")
+    pos = (prompt_am.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=prompts, attention_mask=prompt_am, position_ids=pos, use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(G)                                                    # (b, heads, p, d) per layer
+    t = ids.shape[1] - p
+    resp_pos = prompt_am.sum(-1).repeat_interleave(G)[:, None] + torch.arange(t, device=ids.device)  # (b, t)
+    # the last prompt position predicts the first response token; response positions 0..t-2 predict the rest
+    rest = model(input_ids=ids[:, p:], attention_mask=am, position_ids=resp_pos, past_key_values=cache,
+                 logits_to_keep=t).logits[:, :-1]                                       # (b, t-1, V)
+    return torch.cat([out.logits.repeat_interleave(G, 0), rest], 1)                     # (b, t, V)
 
 
 # --- the log-prob of the sampled token, one float32 chunk at a time ---

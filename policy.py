@@ -103,6 +103,12 @@ def old_policy_sums(old_logp, entropy, engine_logp, mask, cfg):
             "rollout/ratio_out_band_sum": (((r > upper) | (r < lower)) * mask).sum()}
 
 
+def shared_group(cfg):
+    """The group size for sequence_logprobs' shared-prompt forward (each prompt run once for its G completions), or 0
+    for the packed forward of every row (--no-share-prompt)."""
+    return cfg.group_size if cfg.share_prompt else 0
+
+
 def _eps(cfg):
     return {"eps_low": cfg.eps_low if cfg.eps_low >= 0 else None,
             "eps_high": cfg.eps_high if cfg.eps_high >= 0 else None}
@@ -139,7 +145,7 @@ def batch_logprobs(model, cfg, input_ids, attn, n_prompt, with_entropy=False):
     micro-batch slices: the same shapes as the update's forward, so with bf16 kernels the first ratio is exactly 1."""
     minis, spans = mini_batches(input_ids.shape[0], cfg), row_spans(attn, n_prompt)
     outs = [sequence_logprobs(model, input_ids[r], attn[r], n_prompt, cfg.micro_batch_size, cfg.temperature,
-                              with_entropy, spans[r]) for r in minis]
+                              with_entropy, spans[r], shared_group(cfg)) for r in minis]
     return tuple(map(torch.cat, zip(*outs))) if with_entropy else torch.cat(outs)
 
 
@@ -180,7 +186,8 @@ def update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt
         for i in range(rows.start, rows.stop, cfg.micro_batch_size):
             mb = slice(i, min(i + cfg.micro_batch_size, rows.stop))
             out = sequence_logprobs(model, input_ids[mb], attn[mb], n_prompt, cfg.micro_batch_size,
-                                    cfg.temperature, with_entropy=old_logp is None, spans=spans[mb])
+                                    cfg.temperature, with_entropy=old_logp is None, spans=spans[mb],
+                                    group_size=shared_group(cfg))
             logp = out[0] if old_logp is None else out                              # (b, T)
             old = logp.detach() if old_logp is None else old_logp[mb]               # (b, T)
             lower, upper = band.ratio_bounds(old, cfg.method, delta=cfg.delta, max_ratio=cfg.max_ratio, **_eps(cfg))

@@ -93,6 +93,7 @@ class Config:
     grad_clip: float = 1.0            # global grad-norm clip
     max_steps: int = 60               # rollout steps
     grad_checkpointing: bool = None   # activation checkpointing in the decoder layers; unset = policy.checkpoints
+    share_prompt: bool = False        # run each prompt once for its G completions (its KV cache); no checkpointing
     train_dtype: str = "auto"         # compute dtype (master weights stay fp32): auto = bf16 where native, else fp32
     # --- engines, logging, checkpoints ---
     rollout: str = "auto"             # rollout engine: vllm, hf, auto (vLLM when importable)
@@ -166,6 +167,12 @@ def resolve_config(cfg):
     # "auto" choices are resolved here, so config.json records what ran (and a resumed run keeps it)
     ckpt = cfg.grad_checkpointing
     ckpt = checkpoints(AutoConfig.from_pretrained(model)) if ckpt is None else ckpt
+    # the shared-prompt forward needs the prompt's KV cache, which HF drops under activation checkpointing, and
+    # micro-batches of whole groups
+    if cfg.share_prompt and (ckpt or cfg.micro_batch_size % cfg.group_size):
+        raise ValueError(f"--share-prompt needs --no-grad-checkpointing (HF drops the KV cache under checkpointing) "
+                         f"and --micro-batch-size a multiple of --group-size; got grad checkpointing {ckpt}, "
+                         f"micro-batch {cfg.micro_batch_size}, group size {cfg.group_size}")
     return dataclasses.replace(cfg, model=model, data=task, out_dir=out_dir, grad_checkpointing=ckpt,
                                train_dtype=rollout.resolve_dtype(cfg.train_dtype),
                                rollout_dtype=rollout.resolve_dtype(cfg.rollout_dtype))

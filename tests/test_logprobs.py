@@ -3,6 +3,7 @@
 The ratio r_t of docs/paper.md §3 is exp(log π_θ − log π_old); both log-probs come from `token_logprobs`, which
 upcasts one chunk of positions at a time. These tests hold it to what the naive full-vocabulary computation gives.
 """
+import pytest
 import torch
 
 import logprobs
@@ -77,3 +78,52 @@ def test_token_logprobs_temperature_divides_after_the_upcast():
     assert (got.double() - exact).abs().max() < tol
     bf16_first = logprobs.token_logprobs(logits / T, targets, chunk_size=4)          # z/T rounded to bf16
     assert (bf16_first.double() - exact).abs().max() > 100 * tol
+
+
+def test_shared_prompt_forward_equals_packed_forward_values_and_gradients(monkeypatch):
+    """group_size=G (each prompt run once, its KV cache repeated for its G responses) = the packed forward of every
+    row, in float64, in the log-probs, the entropies and the gradient of every parameter: prompts of different
+    lengths (left padding inside the shared prompt) and responses of different lengths (right padding)."""
+    import rollout
+    from transformers import AutoModelForCausalLM
+    from transformers.models.llama import modeling_llama
+
+    def rms_norm_in_float64(self, h):
+        # HF's LlamaRMSNorm computes in float32 whatever the model's dtype: its backward would round the G rows'
+        # summed prompt gradients to float32 (1e-7 relative) where the packed forward rounds each row's. A float64
+        # norm makes both paths float64 throughout, so they must agree to float64 rounding.
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", rms_norm_in_float64)
+    model = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    k, G, P, T = 3, 4, 7, 9
+    ids, attn = torch.zeros(k * G, P + T, dtype=torch.long), torch.zeros(k * G, P + T, dtype=torch.long)
+    for j, plen in enumerate((P, 3, 5)):
+        prompt = torch.randint(4, 60, (plen,), generator=g)
+        for b in range(j * G, (j + 1) * G):
+            rlen = T if b == 1 else int(torch.randint(1, T + 1, (1,), generator=g))
+            ids[b, P - plen:P] = prompt
+            ids[b, P:P + rlen] = torch.randint(4, 60, (rlen,), generator=g)
+            attn[b, P - plen:P + rlen] = 1
+    outs = []
+    for group_size in (0, G):
+        model.zero_grad()
+        logp, ent = logprobs.sequence_logprobs(model, ids, attn, P, 2 * G, 0.7, with_entropy=True,
+                                               group_size=group_size)
+        (logp * torch.linspace(-1, 1, T)).sum().backward()
+        outs.append((logp.detach(), ent, [p.grad.clone() for p in model.parameters()]))
+    (lp0, h0, g0), (lp1, h1, g1) = outs
+    # float64 through 4 layers: the two paths sum the same products in other orders (attention over p + t keys at
+    # once or over the cache and the new keys; a prompt's gradient summed over G rows before or after each layer's
+    # backward), O(1e3) operations on values up to ~500 (the embedding gradient): <= 1e3 * 500 * 1.1e-16 ~ 6e-11
+    tol = 1e-10
+    assert torch.allclose(lp1, lp0, rtol=0, atol=tol) and torch.allclose(h1, h0, rtol=0, atol=tol)
+    for a, b in zip(g0, g1):
+        assert torch.allclose(a, b, rtol=0, atol=tol)
+    with pytest.raises(ValueError, match="share a prompt"):
+        bad = ids.clone()
+        bad[1, P - 1] += 1
+        logprobs.sequence_logprobs(model, bad, attn, P, 2 * G, group_size=G)
+    with pytest.raises(ValueError, match="whole groups"):
+        logprobs.sequence_logprobs(model, ids, attn, P, 3, group_size=G)

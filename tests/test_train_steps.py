@@ -157,3 +157,39 @@ def test_batch_shape_check(prompts, group_size, mini, world, ok):
     else:
         with pytest.raises(ValueError, match="--prompts-per-step"):
             train.check_batch_shape(cfg, world)
+
+
+def test_shared_prompt_update_equals_packed_update_under_fsdp(group):
+    """--share-prompt (two forwards per micro-batch, the prompts' and the responses' on its KV cache, one backward)
+    moves the FSDP2-wrapped weights as the packed forward of every row does: two mini-batches of 2 prompts x G = 3,
+    the band binding (old log-probs perturbed), micro-batches of 2 groups."""
+    G, P, T = 3, 7, 9
+    ids, attn, mask, _ = batch(seed=3, B=4 * G, P=P, T=T)
+    for j in range(4):  # every group of G rows shares its first row's prompt (left-padded to P)
+        ids[j * G:(j + 1) * G, :P], attn[j * G:(j + 1) * G, :P] = ids[j * G, :P], attn[j * G, :P]
+    adv = torch.linspace(-1.2, 1.0, 4 * G)
+    old = None
+    weights = []
+    for share in (False, True):
+        cfg = train.Config(model=rollout.DEFAULT_MODEL, prompts_per_step=4, mini_batch_prompts=2, group_size=G,
+                           micro_batch_size=2 * G, max_new_tokens=T, lr=1e-2, grad_clip=1e6, train_dtype="float32",
+                           share_prompt=share)
+        torch.manual_seed(0)
+        model = train.build_model(cfg, torch.device("cpu"))
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+        if old is None:
+            with torch.no_grad():
+                old = logprobs.sequence_logprobs(model, ids, attn, P, cfg.micro_batch_size)
+            old = old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1))
+        sums, skipped, _ = train.update_policy(model, opt, cfg, torch.device("cpu"), ids, attn, mask, P, adv, old)
+        assert skipped == 0 and sums["n_upper"] + sums["n_lower"] > 0  # the band binds somewhere
+        weights.append({k: v.full_tensor().clone() for k, v in model.state_dict().items()})
+    before = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32).state_dict()
+    moved = max((weights[0][k] - before[k]).abs().max().item() for k in before)
+    assert moved > 1e-3
+    for k in weights[0]:
+        # float32, two mini-batches: the same products summed in other orders (attention over the cache, a prompt's
+        # gradient summed over G rows before each layer's backward instead of after): the gradient errs by
+        # <~ n_layers sqrt(d_ff) u = 64 u relative (test_sequence_logprobs' bound), the second mini-batch sees the
+        # first's rounding too, so the moved weights agree to 2 x 64 u of the largest move
+        assert torch.allclose(weights[0][k], weights[1][k], rtol=8 * U32, atol=128 * U32 * moved), k
