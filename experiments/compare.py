@@ -256,6 +256,7 @@ def main():
     p.add_argument("--results", default=os.path.join(ROOT, "experiments", "results", "toy"),
                    help="directory of compare.{md,json} (default: the toy comparison's)")
     p.add_argument("--figure", default=os.path.join(ROOT, "figures", "toy_compare.png"), help="PNG path")
+    p.add_argument("--title", default="Toy-scale comparison (mean over seeds; band = min..max)", help="figure title")
     p.add_argument("--plot-only", action="store_true")
     p.add_argument("--verbose", action="store_true", help="show train.py's output")
     args = p.parse_args(argv)
@@ -281,7 +282,7 @@ def main():
         f.write(md)
     with open(os.path.join(args.results, "compare.json"), "w") as f:
         json.dump({f"{m}|{d}": runs for (m, d), runs in table.items()}, f, indent=1)
-    plot(curves, args.figure)
+    plot(curves, args.figure, args.title)
     print(md)
     if t_total:
         print(f"total training wall time {t_total / 60:.1f} min")

@@ -146,6 +146,20 @@ def test_arithmetic_through_load():
     assert not {r["messages"][0]["content"] for r in test} & {r["messages"][0]["content"] for r in train}
 
 
+def test_arithmetic_instruct_asks_the_same_problems_for_a_final_answer_line():
+    """arithmetic-instruct: the problems of arithmetic (same seed, levels, split), each inside INSTRUCT_TEMPLATE."""
+    for split in ("train", "test"):
+        bare = data.load("arithmetic:1,4", split=split, n=50, seed=5)
+        asked = data.load("arithmetic-instruct:1,4", split=split, n=50, seed=5)
+        assert [r["answer"] for r in asked] == [r["answer"] for r in bare]
+        for a, b in zip(asked, bare):
+            problem = b["messages"][0]["content"]
+            assert a["messages"][0]["content"] == f"What is {problem}? End with 'Answer: <number>'."
+    assert data.split_names("arithmetic-instruct:1,3,gsm8k") == ["arithmetic-instruct:1,3", "gsm8k"]
+    with pytest.raises(ValueError, match="levels must be among"):
+        data.check_name("arithmetic-instruct:7")
+
+
 class CharTokenizer:
     """The minimum of a HF tokenizer that tokenize_prompts uses: a chat template and __call__."""
     chat_template = "<user>{content}<assistant>"

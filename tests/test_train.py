@@ -196,6 +196,8 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     (["--rollout-dtype", "int8"], "int8"),
     (["--train-dtype", "float16"], "unknown --train-dtype 'float16'"),
     (["--prompts-per-step", "6", "--mini-batch-prompts", "4"], "--prompts-per-step 6 is not a multiple"),
+    (["--share-prompt", "--grad-checkpointing"], "--share-prompt needs --no-grad-checkpointing"),
+    (["--share-prompt", "--group-size", "8", "--micro-batch-size", "12"], "micro-batch 12, group size 8"),
 ])
 def test_bad_flags_exit_2_with_one_line(flags, message, tmp_path):
     """Bad flags: one line naming the value on stderr, exit code 2, no run directory created."""
