@@ -15,9 +15,9 @@ demo: venv
 
 # a real pretrained model learns: SmolLM2-135M-Instruct (make smollm2) with Band-KL on the synthetic arithmetic asked
 # through its chat template, one rank (docs/results.md: the measured run, the sweep behind these flags)
-DEMO_REAL_FLAGS := --model models/smollm2-135m-instruct --data arithmetic-instruct:1,2,3,4 --prompts-per-step 8 \
+DEMO_REAL_FLAGS := --model models/smollm2-135m-instruct --data arithmetic-instruct:1,3 --prompts-per-step 8 \
 	--group-size 8 --mini-batch-prompts 4 --micro-batch-size 16 --max-new-tokens 32 --max-prompt-len 64 --lr 2e-5 \
-	--no-grad-checkpointing --share-prompt --eval-prompts 64 --eval-n 4 --eval-every 5 --save-every 10 --max-steps 20
+	--no-grad-checkpointing --share-prompt --eval-prompts 64 --eval-n 4 --eval-every 5 --save-every 10 --max-steps 25
 demo-real: venv smollm2
 	$(TORCHRUN) --nproc_per_node 1 train.py --method bandkl --delta 0.05 $(DEMO_REAL_FLAGS)
 

@@ -11,7 +11,11 @@ Two scorers, one batch entry point:
   reference through math-verify (1/2 = 0.5 = \\dfrac12, 10\\% = 0.1, 2\\sqrt3 = \\sqrt{12}, intervals, tuples, sets,
   symbolic equality). Precedence: an explicit final answer wins over any later number ("The answer is 18.\\nCheck:
   18 - 3 = 15" reads 18), and the later of two explicit ones wins (a self-correction counts), where math-verify
-  would rank a box above an `Answer:` line wherever they stand.
+  would rank a box above an `Answer:` line wherever they stand. One departure from math-verify's equivalence: when
+  the reference is a plain number, plain numbers joined by + - * / (`93*95`, `795 + 535`, `3 \\times 4`) are not a
+  final answer, although math-verify evaluates them as equal. A policy finds this at once: SmolLM2-135M trained on
+  "What is 93*95? End with 'Answer: <number>'." learned in 20 steps to echo the question, and held-out "accuracy"
+  went from 14% to 99.6% (docs/results.md).
 - `dapo_score(response, answer)`: the paper's own reward, reproduced: the last `Answer:` line within the final 300
   characters, Minerva normalisation (Lewkowycz et al. 2022, App. D, as in lm-eval-harness' hendrycks_math), exact
   string match, +1 / -1. This mirrors verl's `verl/utils/reward_score/math_dapo.py::compute_score`
@@ -174,6 +178,9 @@ _FORMATTING = re.compile(r"\\[!,;: ]|\\left|\\right|\s+|\$")
 _INTEGER_PART = r"([+-]?)(\d{1,3}(?:,\d{3})+|\d{1,100})"
 _DECIMAL = re.compile(rf"^{_INTEGER_PART}(?:\.(\d{{1,100}}))?$")
 _FRACTION = re.compile(r"^([+-]?)(?:\\frac\{(\d{1,100})\}\{(\d{1,100})\}|(\d{1,100})/(\d{1,100}))$")
+# plain numbers joined by + - * / and their LaTeX forms, after _normalize: "93*95", "795+535", "3\times4"
+_PLAIN_NUM = r"[+-]?\d{1,100}(?:\.\d{1,100})?"
+_ARITHMETIC = re.compile(rf"^{_PLAIN_NUM}(?:(?:[-+*/×·÷]|\\times|\\cdot|\\div){_PLAIN_NUM}){{1,50}}$")
 
 
 def _normalize(s):
@@ -210,6 +217,8 @@ def _quick_verdict(pred, gold):
             return True
         if not (np_[1] or ng[1]):
             return False  # integers and fractions are exact; math-verify's rounding only concerns decimals
+    if ng is not None and np_ is None and _ARITHMETIC.match(p):
+        return False  # arithmetic left unevaluated ("93*95" for 8835) is not a final answer (module docstring)
     if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
         return False
     return None

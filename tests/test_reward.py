@@ -455,3 +455,19 @@ def test_synthetic_task_answers(level):
     assert not any(reward.is_correct(w, a) for w, a in zip(wrong, answers))
     assert all(reward.dapo_score(p, a) == 1.0 for p, a in zip(perfect, answers))
     assert reward.score_batch(perfect + wrong, answers + answers) == [1.0] * 50 + [0.0] * 50
+
+
+def test_unevaluated_arithmetic_is_not_a_final_answer():
+    """math-verify itself accepts "93*95" for 8835 (it evaluates the expression), which lets a policy echo the
+    question; is_correct does not, for plain numbers joined by + - * / and their LaTeX forms, while real final
+    forms still pass: a fraction, a negative number, a surd, a number after a worked equation."""
+    import math_verify
+    assert math_verify.verify(math_verify.parse("8835"), math_verify.parse("$93*95$"))  # the hole, in the package
+    for echo, gold in [("93*95", "8835"), ("795 + 535", "1330"), ("25-80", "-55"), ("3 \\times 4", "12"),
+                       ("12 \\div 4", "3"), ("1.5*2", "3")]:
+        assert not reward.is_correct(f"Answer: {echo}", gold), echo
+    for good, gold in [("8835", "8835"), ("-55", "-55"), ("1/2", "0.5"), ("\\frac{3}{4}", "0.75"),
+                       ("2\\sqrt{3}", "\\sqrt{12}")]:
+        assert reward.is_correct(f"Answer: {good}", gold), good
+    assert reward.is_correct("so 47+38 = 85", "85")  # the last number of a worked line is still read
+    assert reward.is_correct("Answer: 93*95", "93*95")  # a reference that is itself an expression: equal texts

@@ -209,3 +209,29 @@ def test_vllm_sync_updates_tied_embeddings(tokenizer):
         assert error(old) > 100 * LOGPROB_DIFF_TOL  # and not the old ones: the change is far above the bound
     finally:
         engine.close()
+
+
+def test_make_demo_real_flags_resolve_to_the_documented_run():
+    """`make demo-real`'s flags (read from the Makefile, as make passes them) resolve to a valid one-rank run of
+    SmolLM2 with Band-KL on arithmetic-instruct, the band acting (two mini-batches per rollout: off-policy) and the
+    shared-prompt forward on: a renamed flag, a shape that no longer splits or a lost --share-prompt fails here."""
+    import re
+    import shlex
+
+    import policy
+    import train
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        text = f.read().replace("\\\n", " ")
+    flags = shlex.split(re.search(r"^DEMO_REAL_FLAGS :=(.*)$", text, re.M).group(1))
+    recipe = re.search(r"^demo-real:.*\n\t(.*)$", text, re.M).group(1)
+    assert "--nproc_per_node 1 train.py --method bandkl --delta 0.05 $(DEMO_REAL_FLAGS)" in recipe
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # make runs it from the repository root: relative paths in the flags
+    try:
+        cfg = train.resolve_config(train.parse_config(["--method", "bandkl", "--delta", "0.05", *flags]))
+    finally:
+        os.chdir(cwd)
+    policy.check_batch_shape(cfg, 1)
+    assert cfg.model.endswith("smollm2-135m-instruct") and data.split_names(cfg.data)[0].startswith(
+        "arithmetic-instruct")
+    assert cfg.share_prompt and not cfg.grad_checkpointing and not policy.on_policy(cfg)
