@@ -35,8 +35,10 @@ def free_port():
 
 def env():
     e = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    e.pop("RANK", None)
-    e.pop("WORLD_SIZE", None)
+    # a process group of this pytest process (tests/test_train_steps.py's fixture) leaves its rendezvous variables
+    # in os.environ, and its store may still hold that port: every run here picks its own
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        e.pop(key, None)
     return e
 
 
