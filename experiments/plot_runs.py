@@ -12,9 +12,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from horizon import read_run  # noqa: E402
+from horizon import BINS, read_run  # noqa: E402
 
-BINS = ["0.0-0.2", "0.2-0.4", "0.4-0.6", "0.6-0.8", "0.8-1.0"]  # grpo.P_BINS as metric names
 CURVES = [("mean@n", "held-out accuracy (mean@n)"), ("reward/mean", "training reward"),
           ("entropy", "policy entropy (nats/token)"), ("clip/frac", "clipped token fraction (dashed: upper)"),
           ("clip/low_p_upper_rate", "upper-clip rate of p < 0.2 tokens")]
