@@ -55,6 +55,22 @@ def latest_checkpoint(run_dir):
     return os.path.join(root, done[-1]) if done else None
 
 
+def prune_checkpoints(run_dir, keep):
+    """Delete all but the newest `keep` complete checkpoints of a run (rank 0, after a save); returns those deleted.
+
+    A checkpoint is deleted only after a newer one is complete, so a run killed at any moment still has one to resume
+    from. Unfinished `*.tmp` folders are left to save_checkpoint, which clears its own before writing.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    root = os.path.join(run_dir, "checkpoints")
+    done = sorted(d for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp"))
+    old = [os.path.join(root, d) for d in done[:-keep]]
+    for path in old:
+        shutil.rmtree(path)
+    return old
+
+
 def load_checkpoint(path, model, optimizer):
     """Restore model, optimizer and this rank's RNG from a checkpoint; returns its step (every rank; collectives)."""
     import torch.distributed.checkpoint as dcp  # deferred: ~1 s to import (see save_checkpoint)

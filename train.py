@@ -52,7 +52,7 @@ import eval as evaluation
 import grpo
 import reward
 import rollout
-from checkpoint import export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
+from checkpoint import export_hf, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from logprobs import pack
 from policy import (batch_logprobs, build_model, check_batch_shape, checkpoints, make_optimizer, old_policy_sums,
                     on_policy, update_policy)
@@ -104,6 +104,7 @@ class Config:
     eval_n: int = 4                   # samples per held-out prompt (paper: 32) -> mean@n, pass@k
     eval_prompts: int = 128           # held-out prompts per evaluation (0 = all)
     save_every: int = 20              # checkpoint every k steps (and at the end); 0 = only at the end
+    keep_checkpoints: int = 0         # keep only the newest k checkpoints (a real model's is ~12 bytes/param); 0 = all
     out_dir: str = ""                 # run directory; "" = runs/<timestamp>-<method>
     resume: str = ""                  # run directory (or checkpoint) to continue from
     seed: int = 0                     # seeds data order, sampling and initialisation of everything random
@@ -157,6 +158,8 @@ def resolve_config(cfg):
         data.check_name(name)
     if cfg.group_size < 2:
         raise ValueError(f"--group-size must be >= 2 for group advantages, got {cfg.group_size}")
+    if cfg.keep_checkpoints < 0:
+        raise ValueError(f"--keep-checkpoints must be >= 0 (0 keeps all), got {cfg.keep_checkpoints}")
     out_dir = cfg.out_dir
     if cfg.resume:  # a resumed run continues in its own directory
         if not os.path.isfile(os.path.join(cfg.resume, "config.json")):
@@ -440,6 +443,8 @@ def main(argv=None):
         # --- checkpoint ---
         if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.max_steps:
             save_checkpoint(cfg.out_dir, step + 1, model, optimizer, cfg)
+            if cfg.keep_checkpoints and RANK == 0:
+                prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints)
 
     if cfg.export_hf:
         export_hf(cfg.out_dir, model, tokenizer)

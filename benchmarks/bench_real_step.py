@@ -3,9 +3,9 @@
 Runs the real command, `torchrun --nproc_per_node N train.py --model models/smollm2-135m-instruct --data
 data/gsm8k/train.jsonl ...`, for a few steps, and reads the time split from metrics.jsonl (the first step dropped:
 warm-up) and the peak resident memory of the training process from /usr/bin/time (%M = max RSS of the largest
-process of the run, in KiB). `--before REV` first runs the same command in a git worktree of revision REV (same
-.venv, same model and data files, absolute paths), so the two rows come from one run on one machine: compare them
-as ratios, the machine is shared and noisy.
+process of the run, in KiB; nan where /usr/bin/time is missing). `--before REV` first runs the same command in a
+git worktree of revision REV (same .venv, same model and data files, absolute paths), so the two rows come from one
+run on one machine: compare them as ratios, the machine is shared and noisy.
 
 Shape: 1 rank, 8 prompts x 4 samples, 64 new tokens, micro-batch 8, prompts up to 512
 tokens, one mini-batch per rollout (on-policy), vLLM rollout.
@@ -32,8 +32,8 @@ SHAPE = ["--prompts-per-step", "8", "--group-size", "4", "--mini-batch-prompts",
 
 def run(repo, steps, nproc, rollout, extra):
     with tempfile.TemporaryDirectory() as d:
-        cmd = ["/usr/bin/time", "-f", "%M", "-o", os.path.join(d, "rss"),
-               os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node", str(nproc),
+        timer = ["/usr/bin/time", "-f", "%M", "-o", os.path.join(d, "rss")] if os.path.exists("/usr/bin/time") else []
+        cmd = [*timer, sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                "train.py", "--method", "bandkl", "--delta", "0.05", "--model", MODEL, "--data", DATA,
                "--max-steps", str(steps), "--eval-every", "0", "--save-every", "0", "--no-export-hf",
                "--rollout", rollout, "--out-dir", os.path.join(d, "run"), *SHAPE, *extra]
@@ -43,7 +43,7 @@ def run(repo, steps, nproc, rollout, extra):
             sys.exit(f"run in {repo} failed:\n{r.stderr[-3000:]}")
         with open(os.path.join(d, "run", "metrics.jsonl")) as f:
             ms = [json.loads(line) for line in f if line.strip() and "time/step" in line][1:]
-        rss_gb = int(open(os.path.join(d, "rss")).read().split()[-1]) / 2**20
+        rss_gb = int(open(os.path.join(d, "rss")).read().split()[-1]) / 2**20 if timer else float("nan")
     row = {k: statistics.mean(m[k] for m in ms) for k in SPLIT}
     row["tokens/s"] = statistics.mean(m["tokens_per_s"] for m in ms)
     # sampled tokens per second of the rollout alone (tokens_per_s is per whole step)

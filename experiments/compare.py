@@ -57,7 +57,9 @@ def train_cmd(args, method, delta, seed, extra, port):
     run_dir = os.path.join(args.runs_dir, run_name(method, delta, seed))
     if finished(run_dir, args.max_steps):
         return None
-    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node", str(args.nproc),
+    # torchrun as a module of this interpreter: a Python without a `torchrun` script beside it (a system or user
+    # install) runs the same command
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
            "--master_port", str(port), "train.py"]
     if os.path.isfile(os.path.join(run_dir, "config.json")):
         return cmd + ["--resume", run_dir, "--max-steps", str(args.max_steps)]

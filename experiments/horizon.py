@@ -179,9 +179,10 @@ def markdown(table, lines, horizon, n_seeds):
             "seeds:", "", "| method | " + " | ".join(f"step {t}" for t in [0] + steps) + " |",
             "|---|" + "---|" * (len(steps) + 1)]
     for config, runs in table.items():
-        at = lambda key, t, scale: mean_std([x[key][str(t)] * scale for x in runs if str(t) in x[key]])[0]  # noqa: E731
-        out.append(f"| {label(config)} | – / {at('mean@n_at', 0, 100):.1f} | " + " | ".join(
-            f"{at('entropy_at', t, 1):.3f} / {at('mean@n_at', t, 100):.1f}" for t in steps) + " |")
+        at = lambda key, t, scale, spec: "–" if not any(str(t) in x[key] for x in runs) else format(  # noqa: E731
+            mean_std([x[key][str(t)] * scale for x in runs if str(t) in x[key]])[0], spec)  # "–": no evaluation there
+        out.append(f"| {label(config)} | – / {at('mean@n_at', 0, 100, '.1f')} | " + " | ".join(
+            f"{at('entropy_at', t, 1, '.3f')} / {at('mean@n_at', t, 100, '.1f')}" for t in steps) + " |")
     out += ["", "Out-of-band token fraction per old-probability bin (whole horizon, mean over seeds; above / below):",
             "", "| method | " + " | ".join(f"p {b}" for b in BINS) + " |", "|---|" + "---|" * len(BINS)]
     for config, runs in table.items():

@@ -152,9 +152,10 @@ def test_fsdp_two_ranks_equal_one_rank(tmp_path):
 
 @pytest.mark.slow
 def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
-    """SIGKILL after the step-2 checkpoint, then --resume: same steps, same data position, same final weights."""
-    args = ["--method", "bandkl", "--rollout", "hf", "--max-steps", "4", "--save-every", "2", "--eval-every", "0",
-            "--no-export-hf", *FAST]
+    """SIGKILL after the step-2 checkpoint, then --resume: same steps, same data position, same final weights; with
+    --keep-checkpoints 1 only the newest checkpoint is left, and the resumed run keeps that setting."""
+    args = ["--method", "bandkl", "--rollout", "hf", "--max-steps", "4", "--save-every", "2", "--keep-checkpoints",
+            "1", "--eval-every", "0", "--no-export-hf", *FAST]
     full = tmp_path / "full"
     r = torchrun([*args, "--out-dir", str(full)])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -178,6 +179,7 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     assert "resumed from" in r.stdout and "step_000002" in r.stdout
     steps = [m["step"] for m in read_metrics(cut)]
     assert steps == [1, 2, 3, 4]
+    assert os.listdir(full / "checkpoints") == os.listdir(cut / "checkpoints") == ["step_000004"]
     meta = json.loads((cut / "checkpoints" / "step_000004" / "meta.json").read_text())
     assert meta["step"] == 4 and meta["data_position"] == 4 * 4
     a, b = read_metrics(full), read_metrics(cut)
@@ -198,6 +200,7 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     (["--rollout-dtype", "int8"], "int8"),
     (["--train-dtype", "float16"], "unknown --train-dtype 'float16'"),
     (["--prompts-per-step", "6", "--mini-batch-prompts", "4"], "--prompts-per-step 6 is not a multiple"),
+    (["--keep-checkpoints", "-1"], "--keep-checkpoints must be >= 0"),
     (["--share-prompt", "--grad-checkpointing"], "--share-prompt needs --no-grad-checkpointing"),
     (["--share-prompt", "--group-size", "8", "--micro-batch-size", "12"], "micro-batch 12, group size 8"),
 ])
