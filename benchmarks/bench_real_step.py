@@ -75,7 +75,7 @@ def main():
                 subprocess.run(["git", "worktree", "remove", "--force", wt], cwd=ROOT, capture_output=True)
     rows["now"] = run(ROOT, args.steps, args.nproc, args.rollout, args.extra.split())
     keys = [*SPLIT, "tokens/s", "rollout tok/s", "peak RSS GB"]
-    print(f"{'':<20}" + "".join(f"{k.removeprefix('time/'):>13}" for k in keys))
+    print(f"{'':<20}" + "".join(f"{k.removeprefix('time/'):>14}" for k in keys))
     for name, r in rows.items():
         print(f"{name:<20}" + "".join(f"{r[k]:>13.2f}" for k in keys))
     if len(rows) == 2:
