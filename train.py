@@ -234,11 +234,12 @@ def all_reduce_sums(sums, device):
 def prompt_batch(records, step, cfg):
     """The global prompts of `step` (all ranks), then this rank's contiguous share."""
     P, N = cfg.prompts_per_step, len(records)
-    out = []
+    perms, out = {}, []  # one shuffle per epoch; a step spans at most two
     for i in range(step * P, (step + 1) * P):
         epoch, j = divmod(i, N)
-        perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch))
-        out.append(records[perm[j]])
+        if epoch not in perms:
+            perms[epoch] = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch))
+        out.append(records[perms[epoch][j]])
     per_rank = P // WORLD
     return out[RANK * per_rank:(RANK + 1) * per_rank]
 
@@ -262,12 +263,14 @@ def validate(engine, tokenizer, eval_sets, cfg, step):
 # --- the run: its directory, metrics file and console ------------------------------------------------------------
 def load_run_config(argv):
     """The Config that will run: the flags, or a resumed run's saved settings (its own, except the length of the
-    run and where it goes), checked against this world size. Raises ValueError / OSError naming the value."""
+    run, where it goes, and --keep-checkpoints when given), checked against this world size. Raises ValueError /
+    OSError naming the value."""
     cfg = resolve_config(parse_config(argv))
     if cfg.resume:
         with open(os.path.join(cfg.out_dir, "config.json")) as f:
             saved = json.load(f)
-        cfg = dataclasses.replace(Config(**saved), max_steps=cfg.max_steps, resume=cfg.resume, out_dir=cfg.out_dir)
+        cfg = dataclasses.replace(Config(**saved), max_steps=cfg.max_steps, resume=cfg.resume, out_dir=cfg.out_dir,
+                                  keep_checkpoints=cfg.keep_checkpoints or saved.get("keep_checkpoints", 0))
     check_batch_shape(cfg, WORLD)  # the shape that will run: a resumed run's own, on this world size
     return cfg
 
@@ -444,7 +447,10 @@ def main(argv=None):
         if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.max_steps:
             save_checkpoint(cfg.out_dir, step + 1, model, optimizer, cfg)
             if cfg.keep_checkpoints and RANK == 0:
-                prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints)
+                try:  # a folder that cannot be deleted costs disk, not the run (the other ranks go on)
+                    prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints)
+                except OSError as e:
+                    print0(f"warning: could not delete an old checkpoint: {e}")
 
     if cfg.export_hf:
         export_hf(cfg.out_dir, model, tokenizer)

@@ -77,7 +77,7 @@ def main():
     keys = [*SPLIT, "tokens/s", "rollout tok/s", "peak RSS GB"]
     print(f"{'':<20}" + "".join(f"{k.removeprefix('time/'):>14}" for k in keys))
     for name, r in rows.items():
-        print(f"{name:<20}" + "".join(f"{r[k]:>13.2f}" for k in keys))
+        print(f"{name:<20}" + "".join(f"{r[k]:>14.2f}" for k in keys))
     if len(rows) == 2:
         (b, a) = rows.values()
         print(f"speed-up per step: {b['time/step'] / a['time/step']:.2f}x; peak RSS {b['peak RSS GB']:.1f} -> "

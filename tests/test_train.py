@@ -261,3 +261,20 @@ def test_non_finite_loss_skips_the_update_and_keeps_the_weights(monkeypatch):
         assert any(not torch.equal(before[k], after[k]) for k in before)  # the finite mini-batch did update
     finally:
         dist.destroy_process_group()
+
+
+def test_resume_keeps_its_own_config_but_takes_keep_checkpoints(tmp_path):
+    """A resumed run runs its saved settings whatever the flags say, except the run's length and --keep-checkpoints
+    (so an old run can start pruning); without the flag it keeps its own."""
+    import dataclasses
+
+    import train
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = train.Config(method="clip", seed=7, keep_checkpoints=3, max_steps=10, out_dir=str(run))
+    (run / "config.json").write_text(json.dumps(dataclasses.asdict(saved)))
+    cfg = train.load_run_config(["--resume", str(run), "--max-steps", "20", "--method", "bandkl"])
+    assert (cfg.method, cfg.seed, cfg.keep_checkpoints, cfg.max_steps) == ("clip", 7, 3, 20)
+    cfg = train.load_run_config(["--resume", str(run), "--keep-checkpoints", "1"])
+    assert (cfg.method, cfg.keep_checkpoints) == ("clip", 1)
