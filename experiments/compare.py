@@ -34,6 +34,10 @@ CURVES = [("eval", "held-out accuracy (mean@n)"), ("entropy", "policy entropy (n
           ("clip/frac", "clipped token fraction"), ("clip/low_p_upper_rate", "upper-clip rate of p < 0.2 tokens")]
 
 
+# the verdict rules weigh each difference against its spread over seeds: one seed has none
+ONE_SEED = "one seed per method: no verdicts (the rules weigh each difference against its spread over seeds)"
+
+
 def run_name(method, delta, seed):
     return f"{method}-d{delta:g}-s{seed}"
 
@@ -278,7 +282,7 @@ def main():
             table.setdefault((method, delta), []).append(summarize_run(rows, eval_key))
             label = f"{method} δ={delta:g}" if method.startswith("band") else method
             curves.setdefault(label, []).append(c)
-    lines = verdicts(table)
+    lines = verdicts(table) if max(map(len, table.values()), default=0) > 1 else [ONE_SEED]
     md = markdown(table, lines, len(seeds), args.max_steps)
     os.makedirs(args.results, exist_ok=True)
     with open(os.path.join(args.results, "compare.md"), "w") as f:

@@ -28,7 +28,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import mean_std, plot_seeds, verdicts  # noqa: E402
+from compare import ONE_SEED, mean_std, plot_seeds, verdicts  # noqa: E402
 
 WINDOW = 10      # steps in a trailing mean (per-step metrics come from 256 completions: noisy one by one)
 LAST_EVALS = 3   # evaluations averaged into the final accuracy
@@ -266,8 +266,8 @@ def main():
     table = {config: [dict(summarize(s), seed=seed) for s, seed in zip(runs_, seeds_by_config[config])]
              for config, runs_ in series_by_config.items()}
     n_seeds = max(len(r) for r in table.values())
-    if n_seeds < 2:  # the rules weigh differences against their spread over seeds: one seed has none
-        lines = ["one seed per method: no verdicts (the rules weigh each difference against its spread over seeds)"]
+    if n_seeds < 2:
+        lines = [ONE_SEED]
     else:
         lines = entropy_collapse_verdicts(table, horizon) + verdicts(table)
     md = markdown(table, lines, horizon, n_seeds)

@@ -68,9 +68,9 @@ def _write_run(path, n_steps, entropy, eval_every, method_bounds):
     lo, hi = method_bounds
     with open(os.path.join(path, "metrics.jsonl"), "w") as f:
         for step in range(1, n_steps + 1):
-            row = {"step": step, "entropy": entropy(step), "clip/frac": 0.01, "clip/low_p_upper_rate": 0.02,
-                   "band/lower_mean": lo, "band/upper_mean": hi, "band/out_upper_frac": 0.03,
-                   "band/out_lower_frac": 0.04, "reward/mean": 0.5}
+            row = {"step": step, "entropy": entropy(step), "clip/frac": 0.01, "clip/frac_upper": 0.005,
+                   "clip/low_p_upper_rate": 0.02, "band/lower_mean": lo, "band/upper_mean": hi,
+                   "band/out_upper_frac": 0.03, "band/out_lower_frac": 0.04, "reward/mean": 0.5}
             for b in horizon.BINS:
                 row[f"band/out_upper_frac_p{b}"], row[f"band/out_lower_frac_p{b}"] = 0.1, 0.2
             if step % eval_every == 0:
@@ -110,6 +110,21 @@ def test_horizon_one_seed_gives_no_verdict_and_seeds_filter(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "1 seeds x 20 steps" in out.stdout and "no verdicts" in out.stdout and "**" not in out.stdout
+
+
+def test_compare_one_seed_gives_no_verdict_two_seeds_do(tmp_path):
+    """compare.py files no verdict from one seed (as horizon.py): with one there is no spread to weigh against."""
+    for seed in range(2):
+        _write_run(tmp_path / f"clip-d0.05-s{seed}", 20, lambda t: 0.2 - 0.01 * t, 5, (0.8, 1.2))
+        _write_run(tmp_path / f"bandkl-d0.05-s{seed}", 20, lambda t: 0.2, 5, (0.7, 2.0))
+    for seeds, verdict in (("0", False), ("0,1", True)):
+        out = subprocess.run([sys.executable, "experiments/compare.py", "--plot-only", "--methods", "clip,bandkl",
+                              "--bandkl-deltas", "", "--seeds", seeds, "--max-steps", "20", "--runs-dir",
+                              str(tmp_path), "--results", str(tmp_path / "res"), "--figure", str(tmp_path / "c.png")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        md = (tmp_path / "res" / "compare.md").read_text()
+        assert ("no verdicts" not in md and "**" in md) if verdict else ("no verdicts" in md and "**" not in md)
 
 
 def test_horizon_refuses_unfinished_runs(tmp_path):
