@@ -269,8 +269,9 @@ def load_run_config(argv):
     if cfg.resume:
         with open(os.path.join(cfg.out_dir, "config.json")) as f:
             saved = json.load(f)
-        cfg = dataclasses.replace(Config(**saved), max_steps=cfg.max_steps, resume=cfg.resume, out_dir=cfg.out_dir,
-                                  keep_checkpoints=cfg.keep_checkpoints or saved.get("keep_checkpoints", 0))
+        own = Config(**saved)
+        cfg = dataclasses.replace(own, max_steps=cfg.max_steps, resume=cfg.resume, out_dir=cfg.out_dir,
+                                  keep_checkpoints=cfg.keep_checkpoints or own.keep_checkpoints)
     check_batch_shape(cfg, WORLD)  # the shape that will run: a resumed run's own, on this world size
     return cfg
 

@@ -178,11 +178,14 @@ def markdown(table, lines, horizon, n_seeds):
     out += ["", f"Over the horizon: entropy ({WINDOW}-step trailing mean) / held-out mean@n (%) at the step, mean over "
             "seeds:", "", "| method | " + " | ".join(f"step {t}" for t in [0] + steps) + " |",
             "|---|" + "---|" * (len(steps) + 1)]
+
+    def at(runs, key, t, scale, spec):  # mean over seeds at step t; "–" where no run has a value (no evaluation)
+        values = [x[key][str(t)] * scale for x in runs if str(t) in x[key]]
+        return format(mean_std(values)[0], spec) if values else "–"
+
     for config, runs in table.items():
-        at = lambda key, t, scale, spec: "–" if not any(str(t) in x[key] for x in runs) else format(  # noqa: E731
-            mean_std([x[key][str(t)] * scale for x in runs if str(t) in x[key]])[0], spec)  # "–": no evaluation there
-        out.append(f"| {label(config)} | – / {at('mean@n_at', 0, 100, '.1f')} | " + " | ".join(
-            f"{at('entropy_at', t, 1, '.3f')} / {at('mean@n_at', t, 100, '.1f')}" for t in steps) + " |")
+        out.append(f"| {label(config)} | – / {at(runs, 'mean@n_at', 0, 100, '.1f')} | " + " | ".join(
+            f"{at(runs, 'entropy_at', t, 1, '.3f')} / {at(runs, 'mean@n_at', t, 100, '.1f')}" for t in steps) + " |")
     out += ["", "Out-of-band token fraction per old-probability bin (whole horizon, mean over seeds; above / below):",
             "", "| method | " + " | ".join(f"p {b}" for b in BINS) + " |", "|---|" + "---|" * len(BINS)]
     for config, runs in table.items():
