@@ -27,8 +27,9 @@ Divergences (`DIVERGENCES`, one entry per generator; a new convex f with f(1) = 
     bandchi2       f(u) = (u - 1)^2       Pearson chi^2               closed form (Prop. 4)
     bandhellinger  f(u) = (sqrt u - 1)^2  squared Hellinger (x 2)     generic path: bisection + Newton from f alone
 
-`ratio_bounds` adds the baselines of the comparison (clip, clip-higher, dcpo) and the relax ablation; `BOUNDS` is
-the one dict from method name to plain function, and nothing else branches on the method.
+`ratio_bounds` adds the baselines of the comparison (clip, clip-higher, dcpo), the no-clip control arm (noclip) and
+the relax ablation; `BOUNDS` is the one dict from method name to plain function, `EPS` the one table of their
+published epsilons, and nothing else branches on the method.
 
 The KL solver (KL has no closed form, Prop. 4). A vectorized bisection is the obvious solver; we keep its guarantee,
 not its cost. The lower root is solved in x = log r, where g(p, e^x) = G(x) = -p x - q log1p(-(p/q) expm1(x)) is
@@ -257,21 +258,23 @@ def _working(old_logp):
 
 
 # --- the interval the loss clips to: every method of the comparison ------------------------------------------------
-# Each takes (old_logp, delta, **eps) and returns (lower, upper); eps defaults are the method's published ones.
-def clip(old_logp, delta=None, eps_low=0.2, eps_high=0.2):
+# Every bounds function takes (old_logp, delta, eps_low, eps_high) and returns (lower, upper); each uses what its
+# method has (a divergence radius, two epsilons, or neither).
+def clip(old_logp, delta, eps_low, eps_high):
     """PPO/GRPO clip [1 - eps_low, 1 + eps_high] (GRPO: 0.2 / 0.2); delta is unused."""
     if not 0 <= eps_low <= 1 or not eps_high >= 0:
         raise ValueError(f"need 0 <= eps_low <= 1 and eps_high >= 0, got {eps_low!r}, {eps_high!r}")
     return torch.full_like(old_logp, 1 - eps_low), torch.full_like(old_logp, 1 + eps_high)
 
 
-def clip_higher(old_logp, delta=None, eps_low=0.2, eps_high=0.28):
-    """DAPO's Clip-Higher: the clip with a larger upper eps (0.2 / 0.28)."""
-    return clip(old_logp, delta, eps_low, eps_high)
+def noclip(old_logp, delta, eps_low, eps_high):
+    """No clip, the control arm: [0, inf), which ratio_bounds caps at max_ratio like every method, and the dual
+    clip of grpo.policy_loss still applies, so the clip is the only difference from `clip`."""
+    return torch.zeros_like(old_logp), torch.full_like(old_logp, math.inf)
 
 
 @torch.no_grad()
-def dcpo(old_logp, delta=None, eps_low=0.16, eps_high=0.20):
+def dcpo(old_logp, delta, eps_low, eps_high):
     """DCPO dynamic-adaptive clip with q = p (docs/paper.md §3): L = 1/2 + 1/2 sqrt(max(1 - 4 eps_low / p, 0)),
     U = 1/2 + 1/2 sqrt(1 + 4 eps_high / p). Not confined to [0, 1/p] (U > 1/p as p -> 1)."""
     inv_p = torch.exp(-_working(old_logp))  # inf for p = 0: an eps of 0 (or below the dtype's range) must not meet it
@@ -281,23 +284,15 @@ def dcpo(old_logp, delta=None, eps_low=0.16, eps_high=0.20):
     return lower.to(old_logp.dtype), upper.to(old_logp.dtype)
 
 
-def bandkl(old_logp, delta=0.05, **unused_eps):
-    return band(old_logp, "bandkl", delta)
+def _divergence_bounds(name):
+    """The bounds function of one divergence: its exact band at radius delta (the epsilons are unused)."""
+    def bounds(old_logp, delta, eps_low, eps_high):
+        return band(old_logp, name, delta)
+    bounds.__name__ = bounds.__qualname__ = name
+    return bounds
 
 
-def bandtv(old_logp, delta=0.05, **unused_eps):
-    return band(old_logp, "bandtv", delta)
-
-
-def bandchi2(old_logp, delta=0.05, **unused_eps):
-    return band(old_logp, "bandchi2", delta)
-
-
-def bandhellinger(old_logp, delta=0.05, **unused_eps):
-    return band(old_logp, "bandhellinger", delta)
-
-
-def bandkl_relax(old_logp, delta=0.05, eps_low=0.2, eps_high=0.28):
+def bandkl_relax(old_logp, delta, eps_low, eps_high):
     """The paper's relax ablation: the union of Band-KL with the clip-higher interval (reported to hurt)."""
     lower, upper = band(old_logp, "bandkl", delta)
     return lower.clamp_max(1 - eps_low), upper.clamp_min(1 + eps_high)
@@ -305,26 +300,29 @@ def bandkl_relax(old_logp, delta=0.05, eps_low=0.2, eps_high=0.28):
 
 BOUNDS = {
     "clip": clip,
-    "clip-higher": clip_higher,
+    "clip-higher": clip,  # DAPO's Clip-Higher: the clip with a larger upper eps (EPS below)
+    "noclip": noclip,
     "dcpo": dcpo,
-    "bandkl": bandkl,
-    "bandtv": bandtv,
-    "bandchi2": bandchi2,
-    "bandhellinger": bandhellinger,
+    **{name: _divergence_bounds(name) for name in DIVERGENCES},
     "bandkl-relax": bandkl_relax,
 }
+
+# The published (eps_low, eps_high) of each method that has them: the one table of defaults (train.resolve_config
+# fills --eps-low/--eps-high from it; ratio_bounds takes it where an eps is left None).
+EPS = {"clip": (0.2, 0.2), "clip-higher": (0.2, 0.28), "dcpo": (0.16, 0.20), "bandkl-relax": (0.2, 0.28)}
 
 
 def ratio_bounds(old_logp, method, *, delta=0.05, eps_low=None, eps_high=None, max_ratio=10.0):
     """(lower, upper) the surrogate loss clips the ratio to, for any method of BOUNDS; upper capped at max_ratio
-    (the authors' `upper_bound_max`). eps_* left None take the method's default; band methods ignore them (except
-    bandkl-relax), clip methods ignore delta."""
+    (the authors' `upper_bound_max`). An eps left None is the method's published one (EPS); band methods ignore
+    the epsilons (except bandkl-relax), clip methods ignore delta."""
     if method not in BOUNDS:
         raise ValueError(f"unknown method {method!r}; valid: {', '.join(sorted(BOUNDS))}")
     if not max_ratio >= 1:  # also rejects NaN
         raise ValueError(f"max_ratio must be >= 1, got {max_ratio!r}")
-    eps = {k: v for k, v in (("eps_low", eps_low), ("eps_high", eps_high)) if v is not None}
-    lower, upper = BOUNDS[method](old_logp, delta, **eps)
+    default_low, default_high = EPS.get(method, (None, None))
+    lower, upper = BOUNDS[method](old_logp, delta, default_low if eps_low is None else eps_low,
+                                  default_high if eps_high is None else eps_high)
     return lower, upper.clamp_max(max_ratio)
 
 

@@ -391,8 +391,8 @@ def test_band_bad_input():
 
 def test_ratio_bounds_methods():
     """Every method of the comparison through the one dict, with its published defaults and the cap at max_ratio."""
-    assert set(band.BOUNDS) == {"clip", "clip-higher", "dcpo", "bandkl", "bandtv", "bandchi2", "bandhellinger",
-                                "bandkl-relax"}
+    assert set(band.BOUNDS) == {"clip", "clip-higher", "noclip", "dcpo", "bandkl", "bandtv", "bandchi2",
+                                "bandhellinger", "bandkl-relax"}
     ps = torch.tensor([1e-4, 0.01, 0.2, 0.9, 1.0], dtype=F64)
     logp = ps.log()
     for method, (lo, hi) in {"clip": (0.8, 1.2), "clip-higher": (0.8, 1.28)}.items():
@@ -413,6 +413,8 @@ def test_ratio_bounds_methods():
     lower, upper = band.ratio_bounds(logp, "bandkl-relax", delta=0.05, max_ratio=5.0)
     b_lo, b_up = band.band(logp, "bandkl", 0.05)
     assert torch.equal(lower, b_lo.clamp_max(0.8)) and torch.equal(upper, b_up.clamp_min(1.28).clamp_max(5.0))
+    lower, upper = band.ratio_bounds(logp, "noclip", delta=0.05, eps_low=0.1, eps_high=0.3, max_ratio=7.0)
+    assert (lower == 0).all() and (upper == 7.0).all()  # no clip: [0, cap], whatever p, delta or eps
     with pytest.raises(ValueError, match="valid: " + ", ".join(sorted(band.BOUNDS))):
         band.ratio_bounds(logp, "ppo")
     with pytest.raises(ValueError, match="max_ratio"):
@@ -455,3 +457,20 @@ def test_cuda_graph_capture_no_host_sync():
     graph.replay()
     want = band.band(logp, "bandkl", 0.05)
     assert torch.equal(lower, want[0]) and torch.equal(upper, want[1])
+
+
+def test_noclip_is_the_unclipped_surrogate_below_the_cap():
+    """The no-clip control arm: with band.ratio_bounds(.., "noclip") the surrogate's gradient is the plain policy
+    gradient d(-A r)/d log π = -A r for every ratio below the cap (clip zeroes it outside [0.8, 1.2] when the
+    advantage pushes further out), and the dual clip still caps A < 0 at r > c, as for every method."""
+    import grpo
+    r = torch.tensor([[0.5, 0.9, 1.5, 3.0, 12.0]], dtype=F64)
+    old = torch.full_like(r, math.log(0.3))
+    for adv, want in ((1.0, [-0.5, -0.9, -1.5, -3.0, 0.0]),      # A > 0: r = 12 is above the cap 10: clipped
+                      (-1.0, [0.5, 0.9, 1.5, 3.0, 0.0])):        # A < 0: r = 12 > c = 10: the dual clip's constant
+        logp = (old + r.log()).requires_grad_()
+        lower, upper = band.ratio_bounds(old, "noclip", max_ratio=10.0)
+        loss, _ = grpo.policy_loss(logp, old, torch.tensor([adv], dtype=F64), torch.ones_like(r), lower, upper,
+                                   clip_c=10.0, agg="token-mean", num_tokens=1.0)
+        loss.backward()
+        torch.testing.assert_close(logp.grad, torch.tensor([want], dtype=F64))  # one token's weight: Z = 1
