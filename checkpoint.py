@@ -1,14 +1,18 @@
-"""Checkpoints of a training run: torch.distributed.checkpoint (DCP) shards, per-rank RNG state, the final HF export.
+"""Checkpoints of a run: DCP shards, per-rank RNG state, the final Hugging Face export.
 
-A checkpoint is `<run_dir>/checkpoints/step_NNNNNN/`: the sharded model and optimizer state (each rank writes its own
-shards, no gather), `rng_rank<r>.pt` (torch / python / CUDA RNG of every rank, so a resumed run draws the same random
-numbers as an uninterrupted one) and `meta.json` (step, data position, world size, the Config). It is written under
-a temporary name and renamed when complete, so a run killed mid-save (kill -9 included) leaves either the previous
-checkpoint or the new one, never half of one; `latest_checkpoint` ignores `*.tmp`. `export_hf` gathers the full
-weights to rank 0 and writes a plain `save_pretrained` directory that transformers and vLLM load.
+Not part of the paper's method (docs/paper.md §4 lists the training system). A checkpoint is
+`<run_dir>/checkpoints/step_NNNNNN/`: the sharded model and optimizer state of
+torch.distributed.checkpoint (DCP; each rank writes its own shards, no gather), `rng_rank<r>.pt`
+(torch / python / CUDA RNG of every rank, so a resumed run draws the same random numbers as an
+uninterrupted one) and `meta.json` (step, data position, world size, the Config). It is written
+under a temporary name and renamed when complete, so a run killed mid-save (kill -9 included) leaves
+either the previous checkpoint or the new one, never half of one; `latest_checkpoint` ignores
+`*.tmp`. `export_hf` gathers the full weights to rank 0 and writes a plain `save_pretrained`
+directory that transformers and vLLM load.
 
-Called by train.py on every rank (each function holds collectives). tests/test_train.py kills a run with SIGKILL and
-checks that the resumed run ends where an uninterrupted one ends.
+Called by train.py on every rank (each function holds collectives), e.g. through `torchrun
+--nproc_per_node 2 train.py --resume runs/<run-dir>`. tests/test_train.py kills a run with SIGKILL
+and checks that the resumed run ends where an uninterrupted one ends.
 """
 import dataclasses
 import json
@@ -22,7 +26,8 @@ import torch.distributed as dist
 
 def save_checkpoint(run_dir, step, model, optimizer, cfg):
     """Write checkpoints/step_NNNNNN of a run atomically (every rank; collectives)."""
-    # deferred, here and below: torch.distributed.checkpoint takes ~1 s to import, and only these functions need it
+    # deferred, here and below: torch.distributed.checkpoint takes ~1 s to import, and only these
+    # functions need it
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -40,8 +45,9 @@ def save_checkpoint(run_dir, step, model, optimizer, cfg):
     dist.barrier()
     if dist.get_rank() == 0:
         with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"step": step, "data_position": step * cfg.prompts_per_step, "world_size": dist.get_world_size(),
-                       "config": dataclasses.asdict(cfg)}, f, indent=1)
+            json.dump({"step": step, "data_position": step * cfg.prompts_per_step,
+                       "world_size": dist.get_world_size(), "config": dataclasses.asdict(cfg)},
+                      f, indent=1)
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)  # the checkpoint exists only once it is complete
     dist.barrier()
@@ -56,10 +62,12 @@ def latest_checkpoint(run_dir):
 
 
 def prune_checkpoints(run_dir, keep):
-    """Delete all but the newest `keep` complete checkpoints of a run (rank 0, after a save); returns those deleted.
+    """Delete all but the newest `keep` complete checkpoints of a run (rank 0, after a save);
+    returns those deleted.
 
-    A checkpoint is deleted only after a newer one is complete, so a run killed at any moment still has one to resume
-    from. Unfinished `*.tmp` folders are left to save_checkpoint, which clears its own before writing.
+    A checkpoint is deleted only after a newer one is complete, so a run killed at any moment still
+    has one to resume from. Unfinished `*.tmp` folders are left to save_checkpoint, which clears its
+    own before writing.
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
@@ -72,20 +80,22 @@ def prune_checkpoints(run_dir, keep):
 
 
 def load_checkpoint(path, model, optimizer):
-    """Restore model, optimizer and this rank's RNG from a checkpoint; returns its step (every rank; collectives)."""
+    """Restore model, optimizer and this rank's RNG from a checkpoint; returns its step (every rank;
+    collectives)."""
     import torch.distributed.checkpoint as dcp  # deferred: ~1 s to import (see save_checkpoint)
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
     with open(os.path.join(path, "meta.json")) as f:
         meta = json.load(f)
     # the RNG streams are per rank: a different world size cannot continue exactly
     if meta["world_size"] != dist.get_world_size() and dist.get_rank() == 0:
-        print(f"warning: checkpoint was written by {meta['world_size']} ranks, resuming with {dist.get_world_size()}",
-              flush=True)
+        print(f"warning: checkpoint was written by {meta['world_size']} ranks, resuming with "
+              f"{dist.get_world_size()}", flush=True)
     rng_file = os.path.join(path, f"rng_rank{dist.get_rank()}.pt")
     if os.path.isfile(rng_file):
         rng = torch.load(rng_file, weights_only=False)
@@ -97,10 +107,13 @@ def load_checkpoint(path, model, optimizer):
 
 
 def export_hf(run_dir, model, tokenizer):
-    """Full weights gathered to rank 0 and written with save_pretrained: transformers and vLLM load the result."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # deferred, as above
+    """Full weights gathered to rank 0 and written with save_pretrained: transformers and vLLM load
+    the result."""
+    # deferred, as above
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = get_model_state_dict(model,
+                                options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:
         out = os.path.join(run_dir, "hf")
         tmp = out + ".tmp"

@@ -1,33 +1,27 @@
-"""math-verify in a pool of worker processes: the slow, symbolic half of reward.py's answer check (docs/paper.md §4).
+"""math-verify in worker processes: the slow, symbolic half of reward.py (docs/paper.md §4).
 
-reward.py decides most answers in its own process: equal text, or two plain numbers compared exactly (1/2 and
-0.5). The rest -- 2\\sqrt3 against \\sqrt{12}, intervals, sets, expressions with a variable -- goes to math-verify,
-whose parsing and sympy simplification can take seconds or never end (9^{9^{9^{9}}}). This file runs it where it
-can be stopped:
+reward.py decides most answers itself (equal text, two plain numbers compared exactly). The rest --
+2\\sqrt3 against \\sqrt{12}, intervals, sets, expressions with a variable -- goes to math-verify,
+whose parsing and sympy simplification can take seconds or never end (9^{9^{9^{9}}}). This file runs
+it where it can be stopped. The authors' reward, an exact string match, needs none of this.
 
-- Why processes: stopping a computation needs a signal, and Python delivers signals only to the main thread;
-  math-verify's own timeouts use SIGALRM and raise ValueError in any other thread. Answers are checked from many
-  threads (`verify_all`'s own, a trainer's or an evaluation harness'), so the check runs in worker *subprocesses*,
-  where it always runs in the main thread. Fresh interpreters (`python verify_pool.py --worker`), not fork():
-  forking a trainer that runs CUDA, vLLM or OpenMP threads can deadlock. The parent never calls math-verify nor
-  uses signals, so every function here is safe from any thread (the pool is shared under a lock; concurrent
-  callers queue for a free worker) and from processes forked later (the pool is rebuilt per pid).
-- The limits. In a worker each check runs under a CPU-time limit, CPU_LIMIT_S (ITIMER_VIRTUAL / SIGVTALRM), that
-  stops runaway sympy work (9^{9^{9^{9}}} comes back wrong after ~0.5 s) without penalising checks that are merely
-  slowed down by a busy machine, as math-verify's wall-clock SIGALRM would. What no signal can stop (C code that
-  never returns to the interpreter) the parent stops: it waits on the pipe with `poll` for at most ITEM_TIMEOUT_S,
-  then kills the worker, counts the answer as incorrect and starts a replacement (the next call takes another,
-  ready worker). A worker that has not imported math-verify within START_TIMEOUT_S is broken: after one retry with
-  a fresh process the pool gives up, and `verify` answers False for good, with one logged warning.
-- NUM_WORKERS processes (BANDPO_REWARD_WORKERS, default min(4, cores)), started by the first check of a process,
-  which waits once for them (~1 s here). Protocol: one JSON [pred, gold] per stdin line, one `true`/`false` per
-  stdout line. Verdicts are cached per (pred, gold) pair, timeouts included (a pathological pair would hang again).
-- Speed: before math-verify's `verify`, a worker evaluates both parsed expressions at a fixed generic point and
-  calls them different when they differ by more than 1e-4 relative: math-verify, which rounds to 6 decimals, would
-  reach the same verdict, but only after an expensive sympy.simplify. benchmarks/bench_reward.py measures it.
+- Why processes: stopping a computation needs a signal, and Python delivers signals only to the main
+  thread; math-verify's SIGALRM timeouts raise ValueError in any other thread. So checks run in
+  fresh worker interpreters (`python verify_pool.py --worker`; not fork(), which can deadlock a
+  trainer running CUDA, vLLM or OpenMP threads). The parent never calls math-verify nor uses
+  signals: every function here is safe from any thread (callers queue for a free worker) and from
+  processes forked later (the pool is rebuilt per pid).
+- The limits: a CPU-time limit per check in the worker (CPU_LIMIT_S, ITIMER_VIRTUAL), which a busy
+  machine does not trip as a wall clock would; a deadline in the parent (ITEM_TIMEOUT_S, `poll` on
+  the pipe) for C code no signal stops, after which the worker is killed, the answer counts as
+  incorrect and a fresh worker replaces it. A worker not ready within START_TIMEOUT_S, twice, marks
+  the pool broken: `verify` then answers False, with one logged warning.
+- NUM_WORKERS processes (BANDPO_REWARD_WORKERS, default min(4, cores)), started by a process's first
+  check. Protocol: one JSON [pred, gold] per stdin line, one `true`/`false` per stdout line.
+  Verdicts are cached per pair, timeouts included. Before `verify`, a worker compares the two
+  expressions at a fixed generic point, which rejects most wrong answers without sympy.simplify.
 
-STATS counts timeouts (a worker killed at the deadline), restarts and fallbacks (checks answered False because no
-worker could start): diagnostics for a metrics line; reward.STATS is the same dict.
+STATS counts timeouts, restarts and fallbacks (= reward.STATS). Speed: docs/benchmarks.md#reward.
 
     python verify_pool.py '2\\sqrt{3}' '\\sqrt{12}'     # math-verify's verdict through the pool
 """
@@ -54,22 +48,26 @@ NUM_WORKERS = int(os.environ.get("BANDPO_REWARD_WORKERS", min(4, os.cpu_count() 
 STATS = {"timeouts": 0, "restarts": 0, "fallbacks": 0}
 
 
-# --- the check, run inside a worker ------------------------------------------------------------------------------
+# --- the check, run inside a worker ---------------------------------------------------------------
 def _as_latex(s):
-    """math-verify reads delimited LaTeX; a bare answer is wrapped in \\boxed{} so that all of it is parsed."""
+    """math-verify reads delimited LaTeX; a bare answer is wrapped in \\boxed{} so that all of it
+    is parsed."""
     return s if any(d in s for d in ("$", "\\(", "\\[", "\\boxed")) else "\\boxed{" + s + "}"
 
 
 def _clearly_different(g, p):
-    """Whether two parsed sympy expressions differ numerically at a fixed generic point of their free symbols.
+    """Whether two parsed sympy expressions differ numerically at a fixed generic point of their
+    free symbols.
 
-    math-verify spends most of its time in sympy.simplify proving that *wrong* answers are unequal; a numeric
-    difference far beyond its rounding (6 decimals) settles that in ~1 ms. Only plain expressions are tested:
-    sets, intervals, tuples, relations and matrices, and anything that does not evaluate, go to math-verify. A
-    predicted equation against a plain reference is its right side, as math-verify compares it (grader.py
-    sympy_expr_eq: "x = 3" vs 3), which keeps the last math of a cut-off completion cheap to reject.
+    math-verify spends most of its time in sympy.simplify proving that *wrong* answers are unequal;
+    a numeric difference far beyond its rounding (6 decimals) settles that in ~1 ms. Only plain
+    expressions are tested: sets, intervals, tuples, relations and matrices, and anything that does
+    not evaluate, go to math-verify. A predicted equation against a plain reference is its right
+    side, as math-verify compares it (grader.py sympy_expr_eq: "x = 3" vs 3), which keeps the last
+    math of a cut-off completion cheap to reject.
     """
-    import sympy  # deferred: only workers run this, so the parent (a trainer) never pays the import (~0.6 s)
+    # deferred: only workers run this, so the parent (a trainer) never pays the import (~0.6 s)
+    import sympy
 
     if isinstance(p, sympy.Eq) and isinstance(g, sympy.Expr):
         p = p.rhs
@@ -85,7 +83,8 @@ def _clearly_different(g, p):
 
 
 class _CpuTimeout(BaseException):
-    """Raised by the CPU-time timer; a BaseException so that math-verify's `except Exception` cannot swallow it."""
+    """Raised by the CPU-time timer; a BaseException so that math-verify's `except Exception`
+    cannot swallow it."""
 
 
 def _on_cpu_timeout(signum, frame):
@@ -95,8 +94,9 @@ def _on_cpu_timeout(signum, frame):
 def _math_verify(pred, gold):
     """The math-verify comparison, limited to CPU_LIMIT_S of CPU time (raises _CpuTimeout beyond).
 
-    The limit is a CPU-time timer (ITIMER_VIRTUAL / SIGVTALRM) instead of math-verify's wall-clock SIGALRM, so a
-    busy machine (a trainer and vLLM on the same cores) does not turn slow-but-legit checks into timeouts. Signals:
+    The limit is a CPU-time timer (ITIMER_VIRTUAL / SIGVTALRM) instead of math-verify's wall-clock
+    SIGALRM, so a busy machine (a trainer and vLLM on the same cores) does not turn slow-but-legit
+    checks into timeouts; it stops runaway sympy work (9^{9^{9^{9}}} comes back wrong). Signals:
     call it only from a main thread, which the worker processes are.
     """
     from math_verify import parse, verify  # deferred, as sympy above (~0.8 s)
@@ -108,7 +108,8 @@ def _math_verify(pred, gold):
         p = parse(_as_latex(pred), parsing_timeout=None)
         if not (g and p):
             return False
-        if "%" not in pred + gold and _clearly_different(g[0], p[0]):  # math-verify's percent rule: 10\% == 10
+        # math-verify's percent rule: 10\% == 10
+        if "%" not in pred + gold and _clearly_different(g[0], p[0]):
             return False
         return bool(verify(g, p, timeout_seconds=None))
     finally:
@@ -116,11 +117,15 @@ def _math_verify(pred, gold):
 
 
 def _serve():
-    """Worker main loop: one JSON request [pred, gold] per stdin line, one JSON verdict per stdout line."""
-    logging.disable(logging.WARNING)  # math-verify warns that its own timeouts are off: ours replace them
-    out, sys.stdout = sys.stdout, sys.stderr  # the protocol owns stdout; stray prints from libraries go to stderr
+    """Worker main loop: one JSON request [pred, gold] per stdin line, one JSON verdict per stdout
+    line."""
+    # math-verify warns that its own timeouts are off: ours replace them
+    logging.disable(logging.WARNING)
+    # the protocol owns stdout; stray prints from libraries go to stderr
+    out, sys.stdout = sys.stdout, sys.stderr
     for pred, gold in (("x^2/3", "\\frac{x^2}{3}"), ("(1, 2]", "[1,2)"), ("\\sqrt{2}", "1.41")):
-        try:  # warm up: the first parse builds the LaTeX parser, which must not count against a real check
+        # warm up: the first parse builds the LaTeX parser, which must not count against a check
+        try:
             _math_verify(pred, gold)
         except BaseException:  # noqa: BLE001
             pass
@@ -142,9 +147,10 @@ def _serve():
             os._exit(0)
 
 
-# --- the parent's side: workers, the pool, the cache -------------------------------------------------------------
+# --- the parent's side: workers, the pool, the cache ----------------------------------------------
 class _Worker:
-    """One `python verify_pool.py --worker` subprocess, read through a raw fd so that `poll` sees every byte."""
+    """One `python verify_pool.py --worker` subprocess, read through a raw fd so that `poll` sees
+    every byte."""
 
     def __init__(self):
         self.proc, self.buf, self.ready = None, b"", False
@@ -155,7 +161,8 @@ class _Worker:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-u", os.path.abspath(__file__), "--worker"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)  # no Ctrl-C tracebacks
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                start_new_session=True)  # no Ctrl-C tracebacks
         except OSError as e:
             log.warning("verify_pool: cannot start a math-verify worker: %s", e)
             self.proc = None
@@ -175,10 +182,11 @@ class _Worker:
         self.proc = None
 
     def _readline(self, timeout):
-        """Next line from the worker, or None on timeout / exit. Never blocks longer than `timeout`."""
+        """Next line from the worker, or None on timeout / exit; never blocks beyond `timeout`."""
         deadline = time.monotonic() + timeout
         fd = self.proc.stdout.fileno()
-        poller = select.poll()  # not select.select: a trainer may hold > 1024 fds, beyond select's FD_SETSIZE
+        # not select.select: a trainer may hold > 1024 fds, beyond select's FD_SETSIZE
+        poller = select.poll()
         poller.register(fd, select.POLLIN)
         while b"\n" not in self.buf:
             left = max(0.0, deadline - time.monotonic())
@@ -197,7 +205,7 @@ class _Worker:
         return self.ready
 
     def check(self, pred, gold):
-        """math-verify's verdict, False when it overran ITEM_TIMEOUT_S, None when the worker is unusable."""
+        """math-verify's verdict; False if it overran ITEM_TIMEOUT_S; None if the worker is dead."""
         if not self.wait_ready(START_TIMEOUT_S):
             return None
         try:
@@ -209,7 +217,8 @@ class _Worker:
             reply = self._readline(ITEM_TIMEOUT_S)
         if reply in (b"true", b"false"):
             return reply == b"true"
-        STATS["timeouts"] += 1  # hung (or crashed) on this item: replace the worker, count the answer wrong
+        # hung (or crashed) on this item: replace the worker, count the answer wrong
+        STATS["timeouts"] += 1
         STATS["restarts"] += 1
         self.kill()
         self.start()
@@ -227,7 +236,8 @@ class _Pool:
         with self.cond:
             while not self.idle:
                 self.cond.wait()
-            for i, w in enumerate(self.idle):  # prefer a worker that is already up (e.g. not just restarted)
+            # prefer a worker that is already up (e.g. not just restarted)
+            for i, w in enumerate(self.idle):
                 if w.ready or (w.proc is not None and w.wait_ready(0)):
                     return self.idle.pop(i)
             return self.idle.pop(0)
@@ -236,7 +246,8 @@ class _Pool:
         w = self._acquire()
         try:
             verdict = w.check(pred, gold)
-            if verdict is None:  # could not start: one retry with a fresh process, then give up for good
+            # could not start: one retry with a fresh process, then give up for good
+            if verdict is None:
                 w.kill()
                 w.start()
                 verdict = w.check(pred, gold)
@@ -266,10 +277,11 @@ def _pool():
         return _POOL
 
 
-# --- public API --------------------------------------------------------------------------------------------------
+# --- public API -----------------------------------------------------------------------------------
 def verify(pred, gold):
-    """math-verify's verdict on an extracted answer `pred` against the reference `gold` (both strings): False when
-    the check overran its limits or no worker can start. Never raises; safe from any thread."""
+    """math-verify's verdict on an extracted answer `pred` against the reference `gold` (both
+    strings): False when the check overran its limits or no worker can start. Never raises; safe
+    from any thread."""
     key = (pred, gold)
     if key in _CACHE:
         return _CACHE[key]
@@ -279,7 +291,8 @@ def verify(pred, gold):
         STATS["fallbacks"] += 1
         if not _WARNED:
             _WARNED.append(True)
-            log.warning("verify_pool: math-verify workers unavailable; answers that need math-verify count as wrong")
+            log.warning("verify_pool: math-verify workers unavailable; answers that need "
+                        "math-verify count as wrong")
         return False
     if len(_CACHE) > 200_000:
         _CACHE.clear()
@@ -288,7 +301,8 @@ def verify(pred, gold):
 
 
 def verify_all(pairs):
-    """`verify` of every (pred, gold) pair, in parallel over the workers; a list of bools in the pairs' order."""
+    """`verify` of every (pred, gold) pair, in parallel over the workers; a list of bools in the
+    pairs' order."""
     pairs = list(pairs)
     if not pairs:
         return []
@@ -300,7 +314,8 @@ def main():
     if sys.argv[1:] == ["--worker"]:
         return _serve()
     if len(sys.argv) != 3:
-        sys.exit("usage: python verify_pool.py PREDICTED_ANSWER REFERENCE   (or --worker: serve as a worker)")
+        sys.exit("usage: python verify_pool.py PREDICTED_ANSWER REFERENCE   "
+                 "(or --worker: serve as a worker)")
     print(f"math-verify: {verify(*sys.argv[1:])}   {STATS}")
 
 
