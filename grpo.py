@@ -68,6 +68,13 @@ def group_stats(rewards, group_size):
             "n_zero_groups": zero.sum(dtype=torch.float64)}
 
 
+def reward_sums(rewards, correct):
+    """Sums for `reward/mean` and `reward/accuracy` (a response is correct when its reward equals `correct`)."""
+    rewards = torch.as_tensor(rewards)                                       # (B,)
+    return {"sum_reward": rewards.sum().double(), "n_correct": (rewards == correct).sum().double(),
+            "n_responses": torch.tensor(float(rewards.numel()), dtype=torch.float64)}
+
+
 # --- the surrogate loss ---
 
 def policy_loss(logp, old_logp, advantages, mask, lower, upper, *, clip_c=10.0, agg="seq-mean-token-mean",
@@ -173,7 +180,8 @@ def _clip_metrics(ratio, log_ratio, old_logp, adv, m, lower, upper, clip_c):
 
 
 def finalize_metrics(sums):
-    """Turn summed (over micro-batches, all-reduced over ranks) sums/counts into rates; {key: float}.
+    """The one place where sums become rates: the step's sums and counts (summed over micro-batches, all-reduced
+    over ranks; keys `n_*` count, `sum_*` add up) -> {metric key: float}.
 
     Only the keys whose inputs are present are produced (group stats and loss sums may come separately).
     A rate with an empty denominator (e.g. no clipped token yet, on the first mini-batch) is reported as 0.0.
@@ -183,6 +191,8 @@ def finalize_metrics(sums):
     out = {}
     if "n_groups" in v:
         out["adv/zero_group_frac"] = rate("n_zero_groups", "n_groups")
+    if "n_responses" in v:
+        out["reward/mean"], out["reward/accuracy"] = rate("sum_reward", "n_responses"), rate("n_correct", "n_responses")
     if "n_tokens" not in v:
         return out
     v["n_clipped"] = v["n_upper"] + v["n_lower"]
@@ -213,6 +223,16 @@ def finalize_metrics(sums):
         "ratio/mean": rate("sum_ratio", "n_tokens"),
         "kl/old_new_k1": rate("sum_k1", "n_tokens"), "kl/old_new_k3": rate("sum_k3", "n_tokens"),
     })
+    # the policy's diagnostics (policy.old_policy_sums, policy.update_policy), per token or per update
+    per_token = {"entropy": "sum_entropy", "rollout/logprob_diff": "sum_logprob_diff", "kl/ref": "sum_kl_ref",
+                 "rollout/ratio_out_0.1_frac": "n_ratio_out_0.1", "rollout/ratio_out_band_frac": "n_ratio_out_band"}
+    out.update({key: rate(s, "n_tokens") for key, s in per_token.items() if s in v})
+    if "n_first_tokens" in v:
+        out["ratio/first_abs_dev"] = rate("sum_first_abs_dev", "n_first_tokens")
+    if "n_responses" in v:
+        out["response_length/mean"] = rate("n_tokens", "n_responses")
+    if "n_minibatches" in v:
+        out["update/skipped"], out["loss"] = v["n_skipped"], rate("sum_loss", "n_minibatches")
     return out
 
 

@@ -5,8 +5,8 @@ log π_old(a_t | s_t) (without): the ratio r_t = exp(log π_θ − log π_old). 
 as the distribution the engine sampled from — softmax(logits / temperature) over the full vocabulary — so that
 π_old recomputed here and the engine's own log-probs are the same numbers up to rounding (rollout/logprob_diff).
 
-    input_ids, attn, mask, P, engine_logp = pack(prompt_ids, completions, device)    # (B, P + T), ...
-    logp = sequence_logprobs(model, input_ids, attn, P, micro_batch_size=8)           # (B, T)
+    batch = pack(prompt_ids, completions, device)                       # a RolloutBatch: (B, P + T), ...
+    logp, _ = sequence_logprobs(model, batch.input_ids, batch.attn, batch.n_prompt, micro_batch_size=8)  # (B, T)
 
 Three memory choices, each because a real vocabulary makes the naive form the largest tensor of a step:
 - `pack` left-pads prompts and right-pads responses, so every response starts at column P;
@@ -17,17 +17,45 @@ Three memory choices, each because a real vocabulary makes the naive form the la
 
 Tests: tests/test_logprobs.py (float64 exactness, gradcheck, bf16 against the naive form, the temperature) and
 tests/test_train_steps.py (packed, trimmed log-probs against an unpadded forward of each row).
-Memory table: `python benchmarks/bench_logprob_memory.py`.
+Memory: `python benchmarks/bench_logprob_memory.py` (docs/benchmarks.md).
 """
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
+
+
+@dataclass
+class RolloutBatch:
+    """One rank's rollout, packed: prompts left-padded and responses right-padded, so every response starts at
+    column P. `batch[rows]` (a slice or a list of row indices) is the sub-batch of those rows."""
+    input_ids: torch.Tensor                     # (B, P + T) token ids; 0 at padding (never read)
+    attn: torch.Tensor                          # (B, P + T) attention mask, 1 on real tokens
+    mask: torch.Tensor                          # (B, T) float, 1 on response tokens
+    n_prompt: int                               # P
+    engine_logp: Optional[torch.Tensor] = None  # (B, T) the engine's log-prob of each sampled token (0 where none)
+    spans: Optional[list] = None                # [(prompt length, response length)] per row (host); row_spans
+
+    def __post_init__(self):
+        if self.spans is None:
+            self.spans = row_spans(self.attn, self.n_prompt)  # one host sync per packed batch
+
+    def __len__(self):
+        return self.input_ids.shape[0]
+
+    def __getitem__(self, rows):
+        pick = (lambda x: x[rows]) if isinstance(rows, slice) else (lambda x: x[torch.as_tensor(rows, device=x.device)])
+        spans = self.spans[rows] if isinstance(rows, slice) else [self.spans[i] for i in rows]
+        return RolloutBatch(pick(self.input_ids), pick(self.attn), pick(self.mask), self.n_prompt,
+                            None if self.engine_logp is None else pick(self.engine_logp), spans)
 
 
 def pack(prompt_ids, completions, device):
     """Left-pad prompts and right-pad responses into one (B, P + T) batch, so every response starts at column P.
 
-    Returns input_ids (B, P+T), attention_mask (B, P+T), response mask (B, T), P, and the engine's log-probs of the
-    sampled tokens (B, T) (0 where it gave none). Padding positions hold token 0 under a zero attention mask: the
-    pad id is never read, so a tokenizer without a pad token (Llama 3) needs none.
+    Returns a RolloutBatch: input_ids and attention mask (B, P+T), response mask (B, T), P, and the engine's
+    log-probs of the sampled tokens (B, T) (0 where it gave none). Padding positions hold token 0 under a zero
+    attention mask: the pad id is never read, so a tokenizer without a pad token (Llama 3) needs none.
     """
     n_prompt = max(len(prompt_ids[c.prompt_index]) for c in completions)
     n_resp = max(1, max(len(c.token_ids) for c in completions))
@@ -42,8 +70,8 @@ def pack(prompt_ids, completions, device):
         attn[b, n_prompt - len(p):n_prompt + len(r)] = 1
         if c.logprobs:
             engine_logp[b, :len(r)] = torch.tensor(c.logprobs, dtype=torch.float32)
-    return (input_ids.to(device), attn.to(device), attn[:, n_prompt:].to(device, torch.float32), n_prompt,
-            engine_logp.to(device))
+    return RolloutBatch(input_ids.to(device), attn.to(device), attn[:, n_prompt:].to(device, torch.float32), n_prompt,
+                        engine_logp.to(device))
 
 
 def row_spans(attn_mask, n_prompt):
@@ -54,7 +82,8 @@ def row_spans(attn_mask, n_prompt):
 def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, temperature=1.0, with_entropy=False,
                       spans=None, group_size=0):
     """Per-token log π(y_t | prefix) of the response tokens under softmax(logits / temperature), the distribution
-    the engine sampled from (verl divides the logits the same way), in micro-batches. -> (B, T) [, entropy (B, T)].
+    the engine sampled from (verl divides the logits the same way), in micro-batches of `micro_batch_size` rows.
+    Returns (logp (B, T), entropy (B, T) or None): the entropy only with with_entropy.
 
     Each micro-batch is cut to its own longest prompt and response (the step's batch is padded to the longest of
     all), and the LM head runs on the response positions only (logits_to_keep): the prompt's logits, a (b, P, V)
@@ -87,8 +116,7 @@ def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, t
         out = [torch.nn.functional.pad(x * keep, (0, T - t)) for x in (out if with_entropy else (out,))]  # (b, T)
         logps.append(out[0])
         ents.extend(out[1:])
-    logp = torch.cat(logps)
-    return (logp, torch.cat(ents)) if with_entropy else logp
+    return torch.cat(logps), torch.cat(ents) if with_entropy else None
 
 
 def _shared_prompt_logits(model, ids, am, p, G):

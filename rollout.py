@@ -36,6 +36,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gener
 
 import data
 import vllm_logging
+from precision import resolve_dtype
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # The embedded default policy, built by make_tiny_model.py and committed (see its bandpo.json for the task).
@@ -63,27 +64,6 @@ class Completion:
 
 def vllm_available():
     return importlib.util.find_spec("vllm") is not None
-
-
-def cpu_has_native_bf16():
-    """True where the CPU computes bf16 natively (AVX512-BF16 or AMX-BF16, read from /proc/cpuinfo's flags). Elsewhere
-    bf16 matmuls are emulated, slower than float32, so "auto" stays float32 there."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:  # not Linux: no cheap way to ask, take the safe choice
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_dtype(dtype):
-    """The compute dtype of the engine (--rollout-dtype) and of the trainer (--train-dtype): "auto" = bfloat16 on
-    CUDA and on a CPU with native bf16 (cpu_has_native_bf16), float32 elsewhere."""
-    if dtype == "auto":
-        return "bfloat16" if torch.cuda.is_available() or cpu_has_native_bf16() else "float32"
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
-    return dtype
 
 
 def make_engine(kind="auto", model_path=DEFAULT_MODEL, *, model=None, tokenizer=None, dtype="auto",

@@ -38,7 +38,9 @@ import resource
 import socket
 import sys
 import time
+import typing
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -54,19 +56,20 @@ import reward
 import rollout
 from checkpoint import export_hf, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from logprobs import pack
-from policy import (batch_logprobs, build_model, check_batch_shape, checkpoints, make_optimizer, old_policy_sums,
-                    on_policy, update_policy)
+from policy import (batch_logprobs, build_model, check_batch_shape, grad_checkpointing_default, make_optimizer,
+                    old_policy_sums, on_policy, update_policy)
+from precision import resolve_dtype
 
 
 @dataclass
 class Config:
     # --- method (docs/paper.md §2-3) ---
-    method: str = "bandkl"            # band.ratio_bounds method: clip, clip-higher, dcpo, bandkl, bandtv, bandchi2, ...
+    method: str = "bandkl"            # band.BOUNDS: clip, clip-higher, noclip, dcpo, bandkl, bandtv, bandchi2, ...
     delta: float = 0.05               # f-divergence radius of the Band trust region (not TRL's ratio cap)
-    eps_low: float = -1.0             # clip/dcpo lower epsilon; < 0 takes the method's default
-    eps_high: float = -1.0            # clip/dcpo upper epsilon; < 0 takes the method's default
+    eps_low: Optional[float] = None   # clip/dcpo lower epsilon; unset = the method's published one (band.EPS)
+    eps_high: Optional[float] = None  # clip/dcpo upper epsilon; unset = the method's published one (band.EPS)
     max_ratio: float = 10.0           # cap on the upper ratio bound (the authors' upper_bound_max)
-    clip_c: float = 10.0              # dual-clip constant c for negative advantages; <= 0 turns it off
+    clip_c: Optional[float] = 10.0    # dual-clip constant c for negative advantages; 0 turns it off
     agg: str = "seq-mean-token-mean"  # loss aggregation (grpo.policy_loss); the paper's is seq-mean-token-mean
     norm_by_std: bool = True          # GRPO's std normalisation of advantages (False: Dr. GRPO mean-centring)
     kl_coef: float = 0.0              # KL-to-reference coefficient (paper: 0.001 with low_var_kl)
@@ -92,7 +95,7 @@ class Config:
     weight_decay: float = 0.0         # AdamW weight decay
     grad_clip: float = 1.0            # global grad-norm clip
     max_steps: int = 60               # rollout steps
-    grad_checkpointing: bool = None   # activation checkpointing in the decoder layers; unset = policy.checkpoints
+    grad_checkpointing: Optional[bool] = None  # recompute activations in the backward; unset = decided at start
     share_prompt: bool = False        # run each prompt once for its G completions (its KV cache); no checkpointing
     train_dtype: str = "auto"         # compute dtype (master weights stay fp32): auto = bf16 where native, else fp32
     # --- engines, logging, checkpoints ---
@@ -117,15 +120,17 @@ def parse_config(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
-        if f.type is bool or f.type == "bool":  # --x / --no-x; unset keeps the default (None: decided later)
+        kind = next((t for t in typing.get_args(f.type) if t is not type(None)), f.type)  # Optional[X] -> X
+        if kind is bool:  # --x / --no-x; unset keeps the default (None: decided in resolve_config)
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
-            parser.add_argument(flag, type=type(f.default), default=f.default)
+            parser.add_argument(flag, type=kind, default=f.default)
     return Config(**vars(parser.parse_args(argv)))
 
 
 def resolve_config(cfg):
-    """Fill the defaults that depend on other things, and check every field. Raises ValueError naming the value."""
+    """Fill every default that depends on something else (the method's epsilons, the dtypes, activation
+    checkpointing, the run directory), once, and check every field. Raises ValueError naming the value."""
     if cfg.method not in band.BOUNDS:
         raise ValueError(f"unknown --method {cfg.method!r}; valid: {', '.join(sorted(band.BOUNDS))}")
     if not (cfg.delta > 0 and math.isfinite(cfg.delta)):
@@ -167,18 +172,27 @@ def resolve_config(cfg):
         out_dir = cfg.resume
     if not out_dir:
         out_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + "-" + cfg.method)
-    # "auto" choices are resolved here, so config.json records what ran (and a resumed run keeps it)
-    ckpt = cfg.grad_checkpointing
-    ckpt = checkpoints(AutoConfig.from_pretrained(model)) if ckpt is None else ckpt
+    # every default is decided here, so config.json records what ran (and a resumed run keeps it)
+    recompute = cfg.grad_checkpointing
+    recompute = grad_checkpointing_default(AutoConfig.from_pretrained(model)) if recompute is None else recompute
     # the shared-prompt forward needs the prompt's KV cache, which HF drops under activation checkpointing, and
     # micro-batches of whole groups
-    if cfg.share_prompt and (ckpt or cfg.micro_batch_size % cfg.group_size):
+    if cfg.share_prompt and (recompute or cfg.micro_batch_size % cfg.group_size):
         raise ValueError(f"--share-prompt needs --no-grad-checkpointing (HF drops the KV cache under checkpointing) "
-                         f"and --micro-batch-size a multiple of --group-size; got grad checkpointing {ckpt}, "
+                         f"and --micro-batch-size a multiple of --group-size; got grad checkpointing {recompute}, "
                          f"micro-batch {cfg.micro_batch_size}, group size {cfg.group_size}")
-    return dataclasses.replace(cfg, model=model, data=task, out_dir=out_dir, grad_checkpointing=ckpt,
-                               train_dtype=rollout.resolve_dtype(cfg.train_dtype),
-                               rollout_dtype=rollout.resolve_dtype(cfg.rollout_dtype))
+    return method_defaults(dataclasses.replace(
+        cfg, model=model, data=task, out_dir=out_dir, grad_checkpointing=recompute,
+        train_dtype=resolve_dtype(cfg.train_dtype), rollout_dtype=resolve_dtype(cfg.rollout_dtype)))
+
+
+def method_defaults(cfg):
+    """The method's published epsilons where unset (band.EPS; None for methods without), no dual clip where
+    --clip-c <= 0."""
+    eps_low, eps_high = band.EPS.get(cfg.method, (None, None))
+    return dataclasses.replace(cfg, eps_low=eps_low if cfg.eps_low is None else cfg.eps_low,
+                               eps_high=eps_high if cfg.eps_high is None else cfg.eps_high,
+                               clip_c=cfg.clip_c if cfg.clip_c is not None and cfg.clip_c > 0 else None)
 
 
 # --- distributed: a few explicit lines, the same path for 1 and N processes ---------------------------------------
@@ -269,7 +283,9 @@ def load_run_config(argv):
     if cfg.resume:
         with open(os.path.join(cfg.out_dir, "config.json")) as f:
             saved = json.load(f)
-        own = Config(**saved)
+        # a config saved when -1 meant "the method's eps" reads as unset
+        saved.update({k: None for k in ("eps_low", "eps_high") if (saved.get(k) or 0) < 0})
+        own = method_defaults(Config(**saved))
         cfg = dataclasses.replace(own, max_steps=cfg.max_steps, resume=cfg.resume, out_dir=cfg.out_dir,
                                   keep_checkpoints=cfg.keep_checkpoints or own.keep_checkpoints)
     check_batch_shape(cfg, WORLD)  # the shape that will run: a resumed run's own, on this world size
@@ -298,25 +314,11 @@ def open_run(cfg, start_step):
     return open(metrics_file, "a"), wandb_run
 
 
-def step_metrics(s, cfg, times):
-    """Rates from the step's sums (reduced over ranks) and the phase times {name: (start, end)}."""
-    tokens = max(s["tokens/count"], 1.0)
-    metrics = grpo.finalize_metrics(s)
-    metrics.update({
-        "reward/mean": s["reward/sum"] / s["reward/count"], "reward/accuracy": s["reward/correct"] / s["reward/count"],
-        "entropy": s["entropy/sum"] / tokens,
-        "rollout/logprob_diff": s["rollout/logprob_diff_sum"] / tokens,
-        "rollout/ratio_out_0.1_frac": s["rollout/ratio_out_0.1_sum"] / tokens,
-        "rollout/ratio_out_band_frac": s["rollout/ratio_out_band_sum"] / tokens,
-        "ratio/first_abs_dev": s["ratio/first_abs_dev_sum"] / max(s["ratio/first_tokens"], 1.0),
-        "response_length/mean": s["tokens/count"] / s["response_length/count"],
-        "update/skipped": s["update/skipped"],
-        "loss": s["loss/sum"] / (cfg.prompts_per_step // cfg.mini_batch_prompts),  # mean over mini-batches
-    })
-    if "kl/ref_sum" in s:
-        metrics["kl/ref"] = s["kl/ref_sum"] / tokens
-    metrics.update({f"time/{name}": end - start for name, (start, end) in times.items()})
-    metrics["tokens_per_s"] = s["tokens/count"] / metrics["time/step"]
+def timing_metrics(times, n_tokens):
+    """The phase times {name: (start, end)}, response tokens per second and peak memory (rates of the step's sums
+    are grpo.finalize_metrics')."""
+    metrics = {f"time/{name}": end - start for name, (start, end) in times.items()}
+    metrics["tokens_per_s"] = n_tokens / metrics["time/step"]
     metrics["memory/peak_rss_gb"] = peak_rss_gb()  # rank 0's process: trainer + its colocated engine
     if torch.cuda.is_available():
         metrics["memory/peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -390,37 +392,34 @@ def main(argv=None):
         t0 = time.time()
         G = cfg.group_size
         # --- rollout ---
-        batch = prompt_batch(train_records, step, cfg)
-        prompt_ids = [r["prompt_ids"] for r in batch]
+        prompts = prompt_batch(train_records, step, cfg)
+        prompt_ids = [r["prompt_ids"] for r in prompts]
         sampling = rollout.Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                                     seed=cfg.seed * 1_000_003 + step * WORLD + RANK, logprobs=True)
-        completions = engine.generate(prompt_ids, G, sampling)  # len(batch) * G, grouped by prompt
+        completions = engine.generate(prompt_ids, G, sampling)  # len(prompts) * G, grouped by prompt
         engine.sleep()  # on GPU the engine gives its memory back to the trainer until the weight sync
         t_rollout = time.time()
 
         # --- rewards and advantages ---
-        answers = [batch[c.prompt_index]["answer"] for c in completions]
+        answers = [prompts[c.prompt_index]["answer"] for c in completions]
         rewards = torch.tensor(reward.score_batch([c.text for c in completions], answers, scorer=cfg.reward,
                                                   correct=cfg.reward_correct, incorrect=cfg.reward_incorrect),
-                               dtype=torch.float32)  # (B,) with B = len(batch) * G
+                               dtype=torch.float32)  # (B,) with B = len(prompts) * G
         advantages = grpo.group_advantages(rewards, G, norm_by_std=cfg.norm_by_std).to(device)  # (B,)
-        stats = {"reward/sum": rewards.sum().item(), "reward/count": float(len(rewards)),
-                 "reward/correct": float((rewards == cfg.reward_correct).sum()), **grpo.group_stats(rewards, G)}
+        stats = {**grpo.group_stats(rewards, G), **grpo.reward_sums(rewards, cfg.reward_correct)}
 
         # --- old and reference log-probs, recomputed by the trainer (old: only off-policy, see on_policy) ---
-        input_ids, attn, mask, n_prompt, engine_logp = pack(prompt_ids, completions, device)
+        batch = pack(prompt_ids, completions, device)
         old_logp = ref_logp = None
         if not on_policy(cfg):
-            old_logp, entropy = batch_logprobs(model, cfg, input_ids, attn, n_prompt, with_entropy=True)
-            stats.update(old_policy_sums(old_logp, entropy, engine_logp, mask, cfg))
+            old_logp, entropy = batch_logprobs(model, cfg, batch, with_entropy=True)
+            stats.update(old_policy_sums(old_logp, entropy, batch.engine_logp, batch.mask, cfg))
         if ref_model is not None:
-            ref_logp = batch_logprobs(ref_model, cfg, input_ids, attn, n_prompt)
-        stats.update({"tokens/count": mask.sum(), "response_length/count": float(len(completions))})
+            ref_logp, _ = batch_logprobs(ref_model, cfg, batch)
         t_logp = time.time()
 
         # --- mini-batch updates ---
-        loss_sums, skipped, grad_norm = update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt,
-                                                      advantages, old_logp, ref_logp, engine_logp)
+        update_sums, _, grad_norm = update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp)
         t_update = time.time()
 
         # --- weight sync into the rollout engine: weights first, the KV cache once the gathered tensors are gone ---
@@ -430,10 +429,11 @@ def main(argv=None):
         t_sync = time.time()
 
         # --- metrics: sums reduced over ranks, then rates; evaluation; the console line ---
-        s = all_reduce_sums({**stats, **loss_sums, "update/skipped": float(skipped)}, device)
+        sums = all_reduce_sums({**stats, **update_sums}, device)
         times = {"rollout": (t0, t_rollout), "logprobs": (t_rollout, t_logp), "update": (t_logp, t_update),
                  "sync": (t_update, t_sync), "step": (t0, time.time())}
-        metrics = {"step": step + 1, **step_metrics(s, cfg, times), "update/grad_norm": grad_norm}
+        metrics = {"step": step + 1, **grpo.finalize_metrics(sums), **timing_metrics(times, sums["n_tokens"]),
+                   "update/grad_norm": grad_norm}
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps):
             metrics.update(validate(engine, tokenizer, eval_sets, cfg, step + 1))
         metrics["time/step"] = time.time() - t0  # with the evaluation

@@ -83,18 +83,16 @@ def main():
     completions = engine.generate(ids, cfg.group_size, rollout.Sampling(max_new_tokens=cfg.max_new_tokens, seed=0,
                                                                         logprobs=True))
     row(f"+ rollout ({time.time() - t:.0f} s)")
-    input_ids, attn, mask, n_prompt, engine_logp = pack(ids, completions, device)
+    batch = pack(ids, completions, device)
     rewards = torch.rand(len(completions))
     adv = grpo.group_advantages(rewards, cfg.group_size)
-    old = None if train.on_policy(cfg) else train.batch_logprobs(model, cfg, input_ids, attn, n_prompt)
+    old = None if train.on_policy(cfg) else train.batch_logprobs(model, cfg, batch)[0]
     t = time.time()
-    train.update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt, adv, old,
-                        engine_logp=engine_logp)
-    row(f"+ update 1 ({time.time() - t:.0f} s, {tuple(input_ids.shape)})",
+    train.update_policy(model, optimizer, cfg, batch, adv, old)
+    row(f"+ update 1 ({time.time() - t:.0f} s, {tuple(batch.input_ids.shape)})",
         f"grads {gb:.2f} + AdamW 2 x {gb:.2f} GB + activations")
     t = time.time()
-    train.update_policy(model, optimizer, cfg, device, input_ids, attn, mask, n_prompt, adv, old,
-                        engine_logp=engine_logp)
+    train.update_policy(model, optimizer, cfg, batch, adv, old)
     row(f"+ update 2 ({time.time() - t:.0f} s)")
     rollout.sync_weights(engine, model)
     row("+ weight sync")

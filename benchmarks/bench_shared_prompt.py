@@ -33,7 +33,7 @@ def batch(k, G, P, T, vocab, seed=0):
 
 def step(model, ids, attn, P, group_size):
     t0 = time.perf_counter()
-    logp = logprobs.sequence_logprobs(model, ids, attn, P, ids.shape[0], group_size=group_size)
+    logp, _ = logprobs.sequence_logprobs(model, ids, attn, P, ids.shape[0], group_size=group_size)
     logp.sum().backward()
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - t0

@@ -68,12 +68,12 @@ def band_overhead(reps):
     def trainer_side(method):
         t0 = time.perf_counter()
         with torch.no_grad():
-            old_logp = logprobs.sequence_logprobs(model, input_ids, attn, P, cfg.micro_batch_size)
+            old_logp, _ = logprobs.sequence_logprobs(model, input_ids, attn, P, cfg.micro_batch_size)
         t1 = time.perf_counter()
         band.ratio_bounds(old_logp, method, delta=0.05)  # timed alone; update_policy computes it per micro-batch
         t2 = time.perf_counter()
-        train.update_policy(model, optimizer, dataclasses.replace(cfg, method=method), device, input_ids, attn, mask,
-                            P, advantages, old_logp)
+        train.update_policy(model, optimizer, dataclasses.replace(cfg, method=method),
+                            logprobs.RolloutBatch(input_ids, attn, mask, P), advantages, old_logp)
         return time.perf_counter() - t0, t2 - t1
 
     trainer_side("clip")  # warm-up

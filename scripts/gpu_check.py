@@ -232,7 +232,7 @@ def section_update(args, size, out):
 
     import rollout
     import train
-    from logprobs import sequence_logprobs
+    from logprobs import RolloutBatch, sequence_logprobs
 
     U, device = size["update"], process_group(args)
     memory = logprob_memory(device, *size["memory"])  # first, on an empty device
@@ -272,12 +272,12 @@ def section_update(args, size, out):
     for _ in range(U["iters"] + 1):  # the first is a warm-up (allocator, AdamW state)
         t0 = now()
         with torch.no_grad():
-            old = sequence_logprobs(model, ids, attn, P, micro)                 # (B, T) the update's micro-batches
+            old, _ = sequence_logprobs(model, ids, attn, P, micro)              # (B, T) the update's micro-batches
         t1 = now()
-        sums, skipped, _ = train.update_policy(model, optimizer, cfg, device, ids, attn, mask, P, adv, old)
+        sums, skipped, _ = train.update_policy(model, optimizer, cfg, RolloutBatch(ids, attn, mask, P), adv, old)
         times.append((t1 - t0, now() - t1))
-        if "ratio/first_abs_dev_sum" in sums:
-            first.append(float(sums["ratio/first_abs_dev_sum"] / sums["ratio/first_tokens"]))
+        if "sum_first_abs_dev" in sums:
+            first.append(float(sums["sum_first_abs_dev"] / sums["n_first_tokens"]))
     logp_s, update_s = (min(t[i] for t in times[1:]) for i in (0, 1))
     # model FLOPs (MFU: checkpointing's recompute not counted), backward = 2 forwards: 2 per decoder parameter and
     # token, the LM head on the T + 1 kept positions only (logits_to_keep), causal attention 2 S^2 d per layer
@@ -352,10 +352,10 @@ def section_sleep(args, size, out):
 
     def logprob_diff():  # mean |engine log-prob - trainer log-prob| over the sampled tokens
         comps = engine.generate(prompts, 2, rollout.Sampling(max_new_tokens=12, seed=0, logprobs=True))
-        ids, attn, mask, P, engine_logp = pack(prompts, comps, device)
+        b = pack(prompts, comps, device)
         with torch.no_grad():
-            logp = sequence_logprobs(model, ids, attn, P, 64)                   # (B, T)
-        return ((engine_logp - logp).abs() * mask).sum().item() / mask.sum().item()
+            logp, _ = sequence_logprobs(model, b.input_ids, b.attn, b.n_prompt, 64)   # (B, T)
+        return ((b.engine_logp - logp).abs() * b.mask).sum().item() / b.mask.sum().item()
 
     res = {"vllm": vllm.__version__, "sleep_mode": engine.can_sleep or "no-op without CUDA",
            "logprob_diff_before_sync": logprob_diff(), "s": {}}

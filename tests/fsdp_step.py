@@ -40,11 +40,11 @@ def main():
     attn = torch.cat([torch.ones(B, P, dtype=torch.long), mask.long()], dim=1)  # (B, P+T)
     advantages = torch.randn(B, generator=g)  # (B,)
     with torch.no_grad():
-        old_logp = logprobs.sequence_logprobs(model, input_ids, attn, P, 8)
+        old_logp, _ = logprobs.sequence_logprobs(model, input_ids, attn, P, 8)
     old_logp = old_logp + 0.5 * torch.randn(old_logp.shape, generator=g)  # ratios away from 1: the band binds
     rows = torch.cat([torch.arange(m * 8, (m + 1) * 8).chunk(train.WORLD)[train.RANK] for m in range(2)])
-    sums, skipped, _ = train.update_policy(model, optimizer, cfg, device, input_ids[rows], attn[rows], mask[rows], P,
-                                           advantages[rows], old_logp[rows])  # band = ratio_bounds(old_logp)
+    batch = logprobs.RolloutBatch(input_ids[rows], attn[rows], mask[rows], P)
+    sums, skipped, _ = train.update_policy(model, optimizer, cfg, batch, advantages[rows], old_logp[rows])
     assert skipped == 0
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if train.RANK == 0:

@@ -169,7 +169,8 @@ def test_tokenizer_without_pad_token(tokenizer):
     ids, _, _ = data.tokenize_prompts(data.load(GSM8K, split="test", n=2), tok, 512)
     engine = rollout.make_engine("hf", MODEL, tokenizer=tok)
     outs = engine.generate(ids, 1, rollout.Sampling(temperature=1.0, max_new_tokens=4, seed=0))
-    input_ids, attn, mask, n_prompt, _ = logprobs.pack(ids, outs, torch.device("cpu"))
+    packed = logprobs.pack(ids, outs, torch.device("cpu"))
+    input_ids, attn, mask = packed.input_ids, packed.attn, packed.mask
     for b, c in enumerate(outs):
         row = input_ids[b][attn[b].bool()].tolist()
         assert row == ids[c.prompt_index] + c.token_ids

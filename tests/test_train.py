@@ -237,6 +237,7 @@ def test_non_finite_loss_skips_the_update_and_keeps_the_weights(monkeypatch):
 
     import rollout
     import train
+    from logprobs import RolloutBatch
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
@@ -253,8 +254,8 @@ def test_non_finite_loss_skips_the_update_and_keeps_the_weights(monkeypatch):
         old_logp = torch.full((B, T), -1.0)
         old_logp[0, 2] = float("nan")  # poisons mini-batch 0 only
         advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
-        _, skipped, _ = train.update_policy(model, optimizer, cfg, torch.device("cpu"), ids, attn, mask, P,
-                                            advantages, old_logp)
+        _, skipped, _ = train.update_policy(model, optimizer, cfg, RolloutBatch(ids, attn, mask, P), advantages,
+                                            old_logp)
         assert skipped == 1  # mini-batch 0 skipped, mini-batch 1 applied
         after = {k: v.full_tensor() for k, v in model.state_dict().items()}
         assert all(torch.isfinite(v).all() for v in after.values())

@@ -1,5 +1,5 @@
-"""train.py's pieces in one process (gloo, world size 1) on the embedded tiny model, each against a reference that does
-not use the piece: the log-probs of padded, trimmed, micro-batched rows with response-only logits against one
+"""policy.py in one process (gloo, world size 1) on the embedded tiny model, each piece against a reference that does
+not use it: the log-probs of padded, trimmed, micro-batched rows with response-only logits against one
 unpadded full forward per row; the on-policy update (old log-probs = its own forward) against the off-policy update
 given separately computed old log-probs; the load-once FSDP2 build against from_pretrained; the batch-shape check
 against the rows each rank would train on.
@@ -14,8 +14,10 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 import logprobs
+import policy
 import rollout
 import train
+from logprobs import RolloutBatch
 
 U32 = torch.finfo(torch.float32).eps / 2  # float32 unit roundoff
 
@@ -53,7 +55,7 @@ def test_build_model_loads_once_and_matches_from_pretrained(group, reference):
     """Meta-device build + rank-0 load + broadcast: every parameter and buffer equals from_pretrained's, bit for bit
     (a shard left uninitialised by to_empty, or rotary frequencies lost with the meta buffers, would not)."""
     cfg = train.Config(model=rollout.DEFAULT_MODEL, train_dtype="float32")
-    model = train.build_model(cfg, torch.device("cpu"))
+    model = policy.build_model(cfg, torch.device("cpu"))
     ref = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32)
     for name, p in ref.state_dict().items():
         got = model.state_dict()[name]
@@ -70,7 +72,7 @@ def test_bf16_train_dtype_computes_in_bf16_on_fp32_master_weights(group):
     ids, attn, mask, P = batch(seed=2)
     for dtype, want in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
         cfg = train.Config(model=rollout.DEFAULT_MODEL, train_dtype=dtype)
-        model = train.build_model(cfg, torch.device("cpu"))
+        model = policy.build_model(cfg, torch.device("cpu"))
         logits = model(input_ids=ids, attention_mask=attn).logits                   # (B, P+T, V)
         assert logits.dtype == want, dtype
         (logits.float().logsumexp(-1) * attn).sum().backward()
@@ -83,7 +85,7 @@ def test_sequence_logprobs_equal_unpadded_forward(group, reference, temperature)
     """Padded + trimmed micro-batches with logits for response positions only = log_softmax(logits / T) of one
     unpadded float64 forward per row, at every response token; 0 past each response."""
     cfg = train.Config(model=rollout.DEFAULT_MODEL, train_dtype="float32")
-    model = train.build_model(cfg, torch.device("cpu"), trainable=False)
+    model = policy.build_model(cfg, torch.device("cpu"), trainable=False)
     ids, attn, mask, P = batch()
     with torch.no_grad():
         logp, ent = logprobs.sequence_logprobs(model, ids, attn, P, 4, temperature, with_entropy=True)
@@ -116,14 +118,13 @@ def test_on_policy_update_equals_off_policy_with_fresh_old_logprobs(group):
     weights = []
     for on_policy in (True, False):
         torch.manual_seed(0)
-        model = train.build_model(cfg, torch.device("cpu"))
+        model = policy.build_model(cfg, torch.device("cpu"))
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
         old = None
         if not on_policy:
             with torch.no_grad():
-                old = logprobs.sequence_logprobs(model, ids, attn, P, cfg.micro_batch_size, cfg.temperature)
-        sums, skipped, _ = train.update_policy(model, opt, cfg, torch.device("cpu"), ids, attn, mask, P, adv, old,
-                                               engine_logp=None)
+                old, _ = logprobs.sequence_logprobs(model, ids, attn, P, cfg.micro_batch_size, cfg.temperature)
+        sums, skipped, _ = policy.update_policy(model, opt, cfg, RolloutBatch(ids, attn, mask, P), adv, old)
         assert skipped == 0
         weights.append({k: v.full_tensor().clone() for k, v in model.state_dict().items()})
     before = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32).state_dict()
@@ -153,10 +154,10 @@ def test_batch_shape_check(prompts, group_size, mini, world, ok):
                and per_rank // n_mini * n_mini * world == prompts * group_size)
     assert covered == ok
     if ok:
-        train.check_batch_shape(cfg, world)
+        policy.check_batch_shape(cfg, world)
     else:
         with pytest.raises(ValueError, match="--prompts-per-step"):
-            train.check_batch_shape(cfg, world)
+            policy.check_batch_shape(cfg, world)
 
 
 def test_shared_prompt_update_equals_packed_update_under_fsdp(group):
@@ -175,13 +176,13 @@ def test_shared_prompt_update_equals_packed_update_under_fsdp(group):
                            micro_batch_size=2 * G, max_new_tokens=T, lr=1e-2, grad_clip=1e6, train_dtype="float32",
                            share_prompt=share)
         torch.manual_seed(0)
-        model = train.build_model(cfg, torch.device("cpu"))
+        model = policy.build_model(cfg, torch.device("cpu"))
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
         if old is None:
             with torch.no_grad():
-                old = logprobs.sequence_logprobs(model, ids, attn, P, cfg.micro_batch_size)
+                old, _ = logprobs.sequence_logprobs(model, ids, attn, P, cfg.micro_batch_size)
             old = old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1))
-        sums, skipped, _ = train.update_policy(model, opt, cfg, torch.device("cpu"), ids, attn, mask, P, adv, old)
+        sums, skipped, _ = policy.update_policy(model, opt, cfg, RolloutBatch(ids, attn, mask, P), adv, old)
         assert skipped == 0 and sums["n_upper"] + sums["n_lower"] > 0  # the band binds somewhere
         weights.append({k: v.full_tensor().clone() for k, v in model.state_dict().items()})
     before = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32).state_dict()
