@@ -14,7 +14,8 @@ whole horizon, not only its end:
 It writes <results>/horizon.{md,json}, <figure> (six curves over steps) and <figure>_bins.png (where the band acts:
 the out-of-band token fractions per old-probability bin); without --results / --figure, into the runs directory.
 The committed experiments keep theirs in experiments/results/<experiment>/ and figures/<experiment>_horizon*.png,
-shown in docs/results.md. Definitions, used by the table and the verdicts:
+shown in docs/results.md. With a no-clip arm (`--methods clip,noclip,bandkl`) the entropy verdicts are read
+against it (compare.entropy_control). Definitions, used by the table and the verdicts:
 - start entropy: the entropy at step 1 (the initial policy on its first rollout; every method of a seed shares it);
 - half-entropy step: the first step at which the trailing WINDOW-step mean of the entropy is <= half the start;
 - "final" step metrics: the mean over the last WINDOW steps; final accuracy: the mean of the last LAST_EVALS
@@ -28,7 +29,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import ONE_SEED, mean_std, plot_seeds, verdicts  # noqa: E402
+from compare import ONE_SEED, clip_counts, entropy_control, mean_std, plot_seeds, verdicts  # noqa: E402
 
 WINDOW = 10      # steps in a trailing mean (per-step metrics come from 256 completions: noisy one by one)
 LAST_EVALS = 3   # evaluations averaged into the final accuracy
@@ -117,8 +118,12 @@ def half_step_cell(steps, horizon):
     return f"{m:.0f} ± {sd:.0f} ({len(reached)}/{len(steps)})"
 
 
-def entropy_collapse_verdicts(table, horizon):
-    """Plain verdicts for the dynamic claim: GRPO's entropy collapses; BandPO's does not (or later)."""
+def entropy_collapse_verdicts(table, horizon, reading=None):
+    """Plain verdicts for the dynamic claim: GRPO's entropy collapses; BandPO's does not (or later).
+
+    `reading` is compare.entropy_control's: unless it is "supports" or "does not reproduce" (the regime can test the
+    claim), it replaces the delay rule's label of (2b), whose numbers stay. None: the delay rule alone.
+    """
     out = []
     clip, band = table.get(("clip", 0.05)), table.get(("bandkl", 0.05))
     if not clip or not band:
@@ -151,6 +156,8 @@ def entropy_collapse_verdicts(table, horizon):
         v = "not reproduced"
     else:
         v = "not distinguishable at this scale"
+    if reading is not None and reading not in ("supports", "does not reproduce"):
+        v = f"{reading} (see (2))"
     out.append(f"(2b) BandPO delays or prevents it (by >= a quarter of GRPO's half-entropy step): **{v}** "
                f"(Band-KL half-entropy step {half_step_cell(b_steps, horizon)}; delay {d:+.0f} ± {se:.0f} steps, "
                "mean ± s.e. of the per-seed differences)")
@@ -249,30 +256,32 @@ def main():
     p.add_argument("--seeds", default="", help="only these seeds, comma separated (default: every run)")
     args = p.parse_args()
     seeds = {f"-s{s}" for s in args.seeds.split(",") if s}
-    order = ["clip", "clip-higher", "dcpo", "bandkl", "bandtv", "bandchi2"]   # baselines first in tables and plots
+    order = ["clip", "noclip", "clip-higher", "dcpo", "bandkl", "bandtv", "bandchi2"]   # baselines first
     runs = sorted((d for d in os.listdir(args.runs_dir)
                    if os.path.isfile(os.path.join(args.runs_dir, d, "metrics.jsonl"))
                    and (not seeds or "-s" + d.rsplit("-s", 1)[1] in seeds)),
                   key=lambda d: (order.index(d.rsplit("-d", 1)[0]) if d.rsplit("-d", 1)[0] in order else len(order), d))
     if not runs:
         sys.exit(f"horizon.py: error: no run with a metrics.jsonl under {args.runs_dir!r}")
-    series_by_config, seeds_by_config = {}, {}
+    series_by_config, seeds_by_config, counts_by_config = {}, {}, {}
     for name in runs:                                                 # compare.run_name: <method>-d<delta>-s<seed>
         head, seed = name.rsplit("-s", 1)
         method, delta = head.rsplit("-d", 1)
         series_by_config.setdefault((method, float(delta)), []).append(read_run(os.path.join(args.runs_dir, name)))
         seeds_by_config.setdefault((method, float(delta)), []).append(seed)
+        counts_by_config.setdefault((method, float(delta)), []).append(clip_counts(os.path.join(args.runs_dir, name)))
     horizons = {s["entropy"][-1][0] for runs_ in series_by_config.values() for s in runs_}
     if len(horizons) != 1:
         sys.exit(f"horizon.py: error: the runs end at different steps {sorted(horizons)}; finish them first")
     horizon = horizons.pop()
-    table = {config: [dict(summarize(s), seed=seed) for s, seed in zip(runs_, seeds_by_config[config])]
+    table = {config: [dict(summarize(s), seed=seed, **counts) for s, seed, counts
+                      in zip(runs_, seeds_by_config[config], counts_by_config[config])]
              for config, runs_ in series_by_config.items()}
     n_seeds = max(len(r) for r in table.values())
     if n_seeds < 2:
         lines = [ONE_SEED]
     else:
-        lines = entropy_collapse_verdicts(table, horizon) + verdicts(table)
+        lines = entropy_collapse_verdicts(table, horizon, entropy_control(table)[0]) + verdicts(table)
     md = markdown(table, lines, horizon, n_seeds)
     results = args.results or args.runs_dir
     os.makedirs(results, exist_ok=True)

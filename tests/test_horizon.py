@@ -148,3 +148,35 @@ def test_compare_train_cmd_starts_resumes_and_skips(tmp_path):
     assert compare.train_cmd(A, "clip", 0.05, 3, [], port=29601)[-4:] == ["--resume", str(run), "--max-steps", "10"]
     (run / "metrics.jsonl").write_text('{"step": 4}\n{"step": 10}\n')
     assert compare.train_cmd(A, "clip", 0.05, 3, [], port=29601) is None
+
+
+@pytest.mark.parametrize("reading, label", [
+    (None, "not reproduced"),                    # the delay rule alone: delays -10, 0, -40 (see above)
+    ("supports", "not reproduced"),              # the regime can test the claim: the delay rule's label stays
+    ("does not reproduce", "not reproduced"),
+    ("not testable in this regime", "not testable in this regime (see (2))"),
+    ("no no-clip arm", "no no-clip arm (see (2))"),
+    ("degenerate", "degenerate (see (2))"),
+])
+def test_delay_verdict_defers_to_the_control(reading, label):
+    table = {("clip", 0.05): [{"half_entropy_step": s} for s in (50, 60, 70)],
+             ("bandkl", 0.05): [{"half_entropy_step": s} for s in (40, 60, 30)]}
+    vb = horizon.entropy_collapse_verdicts(table, 300, reading)[1]
+    assert f"**{label}**" in vb and "delay -17 ± 12 steps" in vb
+
+
+def test_horizon_cli_with_a_noclip_arm(tmp_path):
+    # no-clip's entropy equals GRPO's in both seeds: paired difference 0 ± 0 -> "not testable in this regime"; the
+    # hand-built runs carry no batch shape, so GRPO's clips are not counted and the rate (0.02) is named instead
+    for seed in range(2):
+        for method, lo_hi in (("bandkl", (0.7, 2.0)), ("noclip", (0.0, 10.0)), ("clip", (0.8, 1.2))):
+            ent = (lambda t: 0.2) if method == "bandkl" else (lambda t: 0.2 - 0.01 * (t - 1))
+            _write_run(tmp_path / f"{method}-d0.05-s{seed}", 20, ent, 5, lo_hi)
+    out = subprocess.run([sys.executable, "experiments/horizon.py", str(tmp_path), "--results", str(tmp_path / "res"),
+                          "--figure", str(tmp_path / "h.png")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    md = (tmp_path / "res" / "horizon.md").read_text()
+    rows = [line.split(" | ")[0] for line in md.splitlines() if line.startswith("| ") and "entropy" not in line]
+    assert rows[:3] == ["| clip", "| noclip", "| bandkl δ=0.05"]   # the control beside GRPO
+    assert "is 0.0200): **not counted**; no-clip minus GRPO final entropy +0.000 ± 0.000 (n = 2)" in md
+    assert "**not testable in this regime (see (2))**" in md and "(2) BandPO keeps entropy" in md
