@@ -25,6 +25,8 @@ Deliberate departures from the authors' verl fork:
 
 Tests: `.venv/bin/python -m pytest tests/test_grpo.py`.
 """
+import math
+
 import torch
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -78,12 +80,13 @@ def reward_sums(rewards, correct):
 # --- the surrogate loss ---
 
 def policy_loss(logp, old_logp, advantages, mask, lower, upper, *, clip_c=10.0, agg="seq-mean-token-mean",
-                num_tokens=None, num_seqs=None, max_len=None):
+                num_tokens=None, num_seqs=None, max_len=None, weights=None):
     """The clipped (banded) surrogate of §3, aggregated; returns (loss, metrics).
 
     logp, old_logp, mask: (B, T); advantages: (B,) or (B, T); lower, upper: (B, T) or anything broadcastable
     (no gradient flows through them). Masked-out positions must hold finite values (0 is fine).
-    clip_c: the dual-clip constant c (None turns the dual clip off).
+    clip_c: the dual-clip constant c (None turns the dual clip off). weights: (B, T) per-token weights of the
+    clipped surrogate without gradient (rollout_is_weights), or None.
 
     Normalisers. Every mode is   loss = Σ_{i,t} w_i · m_it · ℓ_it / Z   with
         token-mean               w_i = 1           Z = num_tokens  (all response tokens of the mini-batch; DAPO)
@@ -118,6 +121,8 @@ def policy_loss(logp, old_logp, advantages, mask, lower, upper, *, clip_c=10.0, 
     pg = torch.maximum(pg_unclipped, pg_clipped)                             # (B, T) pessimistic bound
     if clip_c is not None:                                                   # dual clip: cap the loss of Â < 0
         pg = torch.where(adv < 0, torch.minimum(pg, -clip_c * adv), pg)      # (B, T)
+    if weights is not None:                                                  # rollout importance correction
+        pg = pg * weights.detach().to(pg.dtype)                              # (B, T)
 
     loss = aggregate(pg, mf, agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
     with torch.no_grad():
@@ -181,7 +186,7 @@ def _clip_metrics(ratio, log_ratio, old_logp, adv, m, lower, upper, clip_c):
 
 def finalize_metrics(sums):
     """The one place where sums become rates: the step's sums and counts (summed over micro-batches, all-reduced
-    over ranks; keys `n_*` count, `sum_*` add up) -> {metric key: float}.
+    over ranks; keys `n_*` count, `sum_*` add up, `max_*` take the maximum) -> {metric key: float}.
 
     Only the keys whose inputs are present are produced (group stats and loss sums may come separately).
     A rate with an empty denominator (e.g. no clipped token yet, on the first mini-batch) is reported as 0.0.
@@ -231,9 +236,53 @@ def finalize_metrics(sums):
         out["ratio/first_abs_dev"] = rate("sum_first_abs_dev", "n_first_tokens")
     if "n_responses" in v:
         out["response_length/mean"] = rate("n_tokens", "n_responses")
+    if "n_is_rho" in v:  # rollout_is_weights: the share of tokens (sequences) truncated or masked, and ρ
+        out.update({"rollout_is/tokens_out_frac": rate("n_is_tokens_out", "n_tokens"),
+                    "rollout_is/rho_mean": rate("sum_is_rho", "n_is_rho"), "rollout_is/rho_max": v["max_is_rho"]})
+        if "n_is_seqs" in v:
+            out["rollout_is/seqs_out_frac"] = rate("n_is_seqs_out", "n_is_seqs")
     if "n_minibatches" in v:
         out["update/skipped"], out["loss"] = v["n_skipped"], rate("sum_loss", "n_minibatches")
     return out
+
+
+# --- the engine is not the trainer: rollout importance correction ---
+
+IS_MODES = ("none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
+
+
+def rollout_is_weights(old_logp, engine_logp, mask, mode, clip_max=3.0, clip_min=None):
+    """Per-token weights w (B, T) of the surrogate that correct for sampling from the engine's π_engine instead of the
+    trainer's π_old, with TRL's definitions (GRPOConfig.vllm_importance_sampling_mode / _clip_max / _clip_min):
+
+        token-*      ρ_t = π_old(a_t) / π_engine(a_t) = exp(old_logp_t − engine_logp_t)
+        sequence-*   ρ = exp(Σ_t (old_logp_t − engine_logp_t)) over the response, the same for all its tokens
+        *-truncate   w = clamp(ρ, clip_min, clip_max)                         (truncated IS: TIS)
+        *-mask       w = ρ where clip_min ≤ ρ ≤ clip_max, else 0               (masked IS: MIS)
+
+    clip_min None = no lower bound. w carries no gradient. "none" -> (None, {}). Returns (w, sums) with sums for
+    finalize_metrics: tokens (and sequences) truncated or masked, Σρ and max ρ over tokens (sequences)."""
+    if mode not in IS_MODES:
+        raise ValueError(f"mode must be one of {IS_MODES}, got {mode!r}")
+    if mode == "none":
+        return None, {}
+    with torch.no_grad():
+        m = mask.bool()                                                      # (B, T)
+        diff = torch.where(m, old_logp - engine_logp, 0.0).double()          # (B, T) log ρ_t, 0 off the mask
+        seq = mode.startswith("sequence")
+        log_rho = diff.sum(-1, keepdim=True).expand_as(diff) if seq else diff  # (B, T)
+        rho = log_rho.exp()                                                  # (B, T)
+        lo = -math.inf if clip_min is None else clip_min
+        outside = (rho < lo) | (rho > clip_max)                              # (B, T)
+        w = rho.clamp(min=clip_min, max=clip_max) if mode.endswith("truncate") else rho.masked_fill(outside, 0.0)
+        units = m.any(-1) if seq else m                                      # (B,) sequences or (B, T) tokens
+        unit_rho = torch.where(units, rho[:, 0] if seq else rho, 0.0)        # one ρ per sequence or token
+        f64 = torch.float64
+        sums = {"n_is_rho": units.sum(dtype=f64), "sum_is_rho": unit_rho.sum(), "max_is_rho": unit_rho.max(),
+                "n_is_tokens_out": (m & outside).sum(dtype=f64)}
+        if seq:
+            sums.update(n_is_seqs=units.sum(dtype=f64), n_is_seqs_out=(units & outside[:, 0]).sum(dtype=f64))
+    return w.to(old_logp.dtype), sums
 
 
 # --- KL to the reference policy ---

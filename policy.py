@@ -13,6 +13,8 @@ step. Mixed precision (--train-dtype bfloat16): bf16 compute, fp32 master weight
 Tests: tests/test_policy.py (the accumulation identity, on-policy = off-policy with a fresh π_old, the skip),
 tests/test_train_steps.py and tests/fsdp_step.py via tests/test_train.py (2 ranks = 1 rank on one global batch).
 """
+import os
+
 import torch
 import torch.distributed as dist
 from accelerate import init_empty_weights
@@ -26,11 +28,30 @@ from logprobs import sequence_logprobs
 
 
 # --- the model ---------------------------------------------------------------------------------------------------
-def grad_checkpointing_default(model_config):
-    """Whether to recompute activations in the backward (--grad-checkpointing unset): on for any real LLM
-    (layers x hidden >= 8192: SmolLM2-135M has 30 x 576), whose activations dominate a step's memory
-    (docs/benchmarks.md, bench_memory.py), off for the embedded tiny model (4 x 128), where it only costs time."""
-    return model_config.num_hidden_layers * model_config.hidden_size >= 8192
+def update_memory(model_config, tokens, dtype_bytes):
+    """Bytes an update needs on one device without activation checkpointing, roughly: what each decoder layer keeps
+    for its backward, ~ (8 h + 4 i) values per token (the two norms, q k v, attention output, residuals; gate, up,
+    act(gate)·up), times layers and the micro-batch's tokens, plus 16 bytes per parameter (fp32 weights, gradients
+    and the two AdamW moments; sharding would divide these, which the estimate ignores)."""
+    h, i, n = model_config.hidden_size, model_config.intermediate_size, model_config.num_hidden_layers
+    params = model_config.vocab_size * h * (1 if model_config.tie_word_embeddings else 2) + n * (4 * h * h + 3 * h * i)
+    return tokens * n * (8 * h + 4 * i) * dtype_bytes + 16 * params
+
+
+def grad_checkpointing_default(model_config, tokens, dtype_bytes, free_bytes):
+    """Recompute activations in the backward (--grad-checkpointing unset) only where the update would not fit in
+    half the memory free on the device (`update_memory`): recomputation costs a third more FLOPs, so it is worth
+    it only for memory. The tiny model never needs it; SmolLM2 on a 24 GB CPU at the default shape does not."""
+    return update_memory(model_config, tokens, dtype_bytes) > free_bytes / 2
+
+
+def free_memory(device_type):
+    """Bytes free for one rank: the GPU's free memory, or on CPU the available RAM shared by this node's ranks."""
+    if device_type == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    with open("/proc/meminfo") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable"))
+    return kib * 1024 // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 
 
 def make_optimizer(model, cfg):
@@ -108,12 +129,29 @@ def mini_batches(n_rows, cfg):
     return [slice(m * per_mini, (m + 1) * per_mini) for m in range(n_mini)]
 
 
-def micro_batches(rows, cfg):
-    """The micro-batches (gradient accumulation) of one mini-batch `rows`: slices of micro_batch_size rows. The
-    old-log-prob pass runs the same micro-batches as the update, so both run the same shapes: with bf16 kernels,
-    other shapes would round differently and the first mini-batch's ratio would not be exactly 1."""
-    return [slice(i, min(i + cfg.micro_batch_size, rows.stop)) for i in range(rows.start, rows.stop,
-                                                                             cfg.micro_batch_size)]
+def micro_batches(rows, cfg, spans):
+    """The micro-batches (gradient accumulation) of one mini-batch `rows` (a slice of this rank's rows): slices of
+    micro_batch_size rows in rollout order, or, with --micro-batch-tokens N, lists of row indices sorted by length
+    (longest first) and cut so that each micro-batch's padded size — (its longest prompt + its longest response)
+    x its rows — is at most N (a row longer than N alone is a micro-batch of one). Sorting puts rows of like length
+    together, so a long response no longer makes its neighbours pay its length. The old-log-prob pass runs the
+    same micro-batches as the update, so both run the same shapes: with bf16 kernels, other shapes would round
+    differently and the first mini-batch's ratio would not be exactly 1."""
+    if not cfg.micro_batch_tokens:
+        return [slice(i, min(i + cfg.micro_batch_size, rows.stop))
+                for i in range(rows.start, rows.stop, cfg.micro_batch_size)]
+    order = sorted(range(rows.start, rows.stop), key=lambda i: (-sum(spans[i]), i))
+    out, prompt_w, resp_w = [], 0, 0
+    for i in order:
+        p, r = spans[i]
+        grown = (max(prompt_w, p) + max(resp_w, r, 1)) * (len(out[-1]) + 1) if out else None
+        if grown is None or grown > cfg.micro_batch_tokens:
+            out.append([i])
+            prompt_w, resp_w = p, max(r, 1)
+        else:
+            out[-1].append(i)
+            prompt_w, resp_w = max(prompt_w, p), max(resp_w, r)
+    return out
 
 
 def _forward(model, mb, cfg, with_entropy=False):
@@ -125,10 +163,16 @@ def _forward(model, mb, cfg, with_entropy=False):
 @torch.no_grad()
 def batch_logprobs(model, cfg, batch, with_entropy=False):
     """π_old (or π_ref) of all this rank's rows, without gradient, through the update's own micro-batches.
-    -> (logp (B, T), entropy (B, T) or None)."""
-    outs = [_forward(model, batch[mb], cfg, with_entropy)
-            for rows in mini_batches(len(batch), cfg) for mb in micro_batches(rows, cfg)]
-    return torch.cat([lp for lp, _ in outs]), torch.cat([e for _, e in outs]) if with_entropy else None
+    -> (logp (B, T), entropy (B, T) or None), in the batch's row order."""
+    logp = torch.zeros_like(batch.mask)                                            # (B, T)
+    entropy = torch.zeros_like(batch.mask) if with_entropy else None
+    for rows in mini_batches(len(batch), cfg):
+        for mb in micro_batches(rows, cfg, batch.spans):
+            lp, ent = _forward(model, batch[mb], cfg, with_entropy)                 # (b, T)
+            logp[mb] = lp
+            if with_entropy:
+                entropy[mb] = ent
+    return logp, entropy
 
 
 def old_policy_sums(old_logp, entropy, engine_logp, mask, cfg):
@@ -151,21 +195,23 @@ def _bounds(old_logp, cfg):
 
 
 # --- the objective ------------------------------------------------------------------------------------------------
-def micro_batch_loss(model, mb, cfg, advantages, old_logp, ref_logp, norm):
+def micro_batch_loss(model, mb, cfg, advantages, old_logp, ref_logp, norm, with_entropy=False):
     """The objective of docs/paper.md §3 on one micro-batch: log π_θ, the band [lower, upper] around π_old, the
-    clipped surrogate and the KL to the reference, each aggregated by the whole mini-batch's normaliser `norm`.
-    old_logp None: on-policy, π_old is this forward's own log-probs, detached (ratio exactly 1).
-    -> (loss, sums of grpo's diagnostics, logp (b, T), entropy (b, T) or None)."""
-    logp, entropy = _forward(model, mb, cfg, with_entropy=old_logp is None)       # (b, T)
+    clipped surrogate (weighted by the rollout importance correction, if on) and the KL to the reference, each
+    aggregated by the whole mini-batch's normaliser `norm`. old_logp None: π_old is this forward's own log-probs,
+    detached (on-policy: the ratio is exactly 1). -> (loss, diagnostics' sums, logp (b, T), entropy or None)."""
+    logp, entropy = _forward(model, mb, cfg, with_entropy)                       # (b, T)
     old = logp.detach() if old_logp is None else old_logp                         # (b, T) π_old
     lower, upper = _bounds(old, cfg)                                              # (b, T) the band
+    weights, is_sums = grpo.rollout_is_weights(old, mb.engine_logp, mb.mask, cfg.rollout_is, cfg.rollout_is_max,
+                                               cfg.rollout_is_min)                # (b, T) or None
     loss, sums = grpo.policy_loss(logp, old, advantages, mb.mask, lower, upper, clip_c=cfg.clip_c, agg=cfg.agg,
-                                  **norm)
+                                  weights=weights, **norm)
     if ref_logp is not None:  # aggregated like the policy loss (the authors' recipe), not a token mean
         kl = grpo.kl_penalty(logp, ref_logp, cfg.kl_kind)                          # (b, T)
         loss = loss + cfg.kl_coef * grpo.aggregate(kl, mb.mask, cfg.agg, **norm)
         sums["sum_kl_ref"] = (kl.detach() * mb.mask).sum().double()
-    return loss, sums, logp, entropy
+    return loss, {**sums, **is_sums}, logp, entropy
 
 
 def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=None):
@@ -175,30 +221,37 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
     *global* sequence (or token) count, so summing over micro-batches and ranks gives exactly the mini-batch's loss
     (dividing by each micro-batch's own count weights short micro-batches wrongly: the known accumulation bug).
     FSDP2 averages gradients over ranks, hence the factor world size on the loss.
-    old_logp: π_old of every row (B, T), or None when on_policy(cfg) (then the entropy and rollout/logprob_diff are
-    measured in this forward). The first mini-batch runs before any optimizer step, so its ratio must be exactly 1:
+    old_logp: π_old of every row (B, T): the trainer's recomputation, or the engine's log-probs (--old-logp engine);
+    None when on_policy(cfg) with --old-logp trainer. Without a separate trainer pass (None, or the engine's) the
+    entropy and rollout/logprob_diff are measured in this forward, each mini-batch's before its optimizer step. The first mini-batch runs before any optimizer step, so its ratio must be exactly 1:
     Σ|r − 1| over its tokens is logged (ratio/first_abs_dev); it is 0 only if both passes ran the same kernels.
     Host syncs: one per mini-batch (the skip decision). -> (sums, skipped updates, last grad norm)."""
     if old_logp is None and not on_policy(cfg):
         raise ValueError("old_logp is required when a rollout feeds several mini-batches (off-policy)")
     world, device = dist.get_world_size(), batch.input_ids.device
     sums, skipped, grad_norm = {}, 0, torch.tensor(0.0)
-    add = lambda new: sums.update({k: sums.get(k, 0.0) + v for k, v in new.items()})  # noqa: E731
+
+    def add(new):  # sums add up, max_* keys keep the largest
+        for k, v in new.items():
+            sums[k] = v if k not in sums else torch.maximum(sums[k], v) if k.startswith("max_") else sums[k] + v
+
+    measured_here = old_logp is None or cfg.old_logp == "engine"  # no trainer pass before: diagnostics from here
     for m, rows in enumerate(mini_batches(len(batch), cfg)):
         n_tokens = batch.mask[rows].sum()  # (), summed over ranks below: the global normaliser Z
         dist.all_reduce(n_tokens)
         norm = dict(num_tokens=n_tokens, num_seqs=float((rows.stop - rows.start) * world), max_len=cfg.max_new_tokens)
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float64, device=device)
-        for rows_mb in micro_batches(rows, cfg):
+        for rows_mb in micro_batches(rows, cfg, batch.spans):
             mb = batch[rows_mb]
             old = None if old_logp is None else old_logp[rows_mb]
             ref = None if ref_logp is None else ref_logp[rows_mb]
-            loss, mets, logp, entropy = micro_batch_loss(model, mb, cfg, advantages[rows_mb], old, ref, norm)
+            loss, mets, logp, entropy = micro_batch_loss(model, mb, cfg, advantages[rows_mb], old, ref, norm,
+                                                         with_entropy=measured_here)
             old = logp.detach() if old is None else old
-            if old_logp is None:
+            if measured_here:
                 engine = mb.engine_logp if mb.engine_logp is not None else old
-                mets.update(old_policy_sums(old, entropy, engine, mb.mask, cfg))
+                mets.update(old_policy_sums(logp.detach(), entropy, engine, mb.mask, cfg))
             if m == 0:  # before any optimizer step of this rollout: r = 1 exactly, or the two passes differ
                 mets["sum_first_abs_dev"] = ((logp.detach() - old).exp().sub(1).abs() * mb.mask).sum().double()
                 mets["n_first_tokens"] = mb.mask.sum().double()

@@ -56,8 +56,8 @@ import reward
 import rollout
 from checkpoint import export_hf, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from logprobs import pack
-from policy import (batch_logprobs, build_model, check_batch_shape, grad_checkpointing_default, make_optimizer,
-                    old_policy_sums, on_policy, update_policy)
+from policy import (batch_logprobs, build_model, check_batch_shape, free_memory, grad_checkpointing_default,
+                    make_optimizer, old_policy_sums, on_policy, update_memory, update_policy)
 from precision import resolve_dtype
 
 
@@ -74,6 +74,11 @@ class Config:
     norm_by_std: bool = True          # GRPO's std normalisation of advantages (False: Dr. GRPO mean-centring)
     kl_coef: float = 0.0              # KL-to-reference coefficient (paper: 0.001 with low_var_kl)
     kl_kind: str = "low_var_kl"       # grpo.kl_penalty kind: k1, k2, k3, low_var_kl
+    # --- the engine is not the trainer (docs/design.md) ---
+    old_logp: str = "trainer"         # π_old: trainer (recomputed, the paper) or engine (its sampling log-probs)
+    rollout_is: str = "none"          # importance correction of the engine's sampling (grpo.rollout_is_weights)
+    rollout_is_max: float = 3.0       # its upper cap on ρ (TRL's vllm_importance_sampling_clip_max)
+    rollout_is_min: float = 0.0       # its lower bound on ρ; 0 = none (ρ > 0)
     # --- model and data ---
     model: str = ""                   # HF id or local path; "" = the embedded tiny model (rollout.DEFAULT_MODEL)
     data: str = ""                    # data.load names or paths, comma separated; "" = the tiny model's own task
@@ -86,6 +91,7 @@ class Config:
     group_size: int = 8               # completions per prompt, G (paper: 16)
     mini_batch_prompts: int = 8       # prompts per optimizer step (paper: 64)
     micro_batch_size: int = 64        # sequences per forward/backward on one rank
+    micro_batch_tokens: int = 0       # instead: rows sorted by length, <= N padded tokens per micro-batch; 0 = off
     max_prompt_len: int = 64          # prompts longer than this (tokens) are dropped (paper: 1024)
     max_new_tokens: int = 16          # response length limit (paper: 4096)
     temperature: float = 1.0          # rollout temperature; log-probs use logits / temperature (paper: 1.0)
@@ -135,6 +141,19 @@ def resolve_config(cfg):
         raise ValueError(f"unknown --method {cfg.method!r}; valid: {', '.join(sorted(band.BOUNDS))}")
     if not (cfg.delta > 0 and math.isfinite(cfg.delta)):
         raise ValueError(f"--delta must be a finite number > 0, got {cfg.delta}")
+    if cfg.old_logp not in ("trainer", "engine"):
+        raise ValueError(f"unknown --old-logp {cfg.old_logp!r}; valid: trainer, engine")
+    if cfg.rollout_is not in grpo.IS_MODES:
+        raise ValueError(f"unknown --rollout-is {cfg.rollout_is!r}; valid: {', '.join(grpo.IS_MODES)}")
+    if cfg.rollout_is != "none" and cfg.old_logp == "engine":
+        raise ValueError(f"--rollout-is {cfg.rollout_is} with --old-logp engine: π_old is the engine's own "
+                         f"probability there, so every weight would be 1; use --old-logp trainer")
+    if not 0 <= cfg.rollout_is_min < 1 < cfg.rollout_is_max:
+        raise ValueError(f"need 0 <= --rollout-is-min < 1 < --rollout-is-max, got {cfg.rollout_is_min}, "
+                         f"{cfg.rollout_is_max}")
+    if cfg.micro_batch_tokens < 0 or (cfg.micro_batch_tokens and cfg.share_prompt):
+        raise ValueError(f"--micro-batch-tokens must be >= 0 (0 = off) and cannot be combined with --share-prompt "
+                         f"(whose micro-batches are whole groups), got {cfg.micro_batch_tokens}")
     if cfg.agg not in grpo.AGG_MODES:
         raise ValueError(f"unknown --agg {cfg.agg!r}; valid: {', '.join(grpo.AGG_MODES)}")
     if cfg.rollout not in ("auto", "vllm", "hf"):
@@ -174,7 +193,10 @@ def resolve_config(cfg):
         out_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + "-" + cfg.method)
     # every default is decided here, so config.json records what ran (and a resumed run keeps it)
     recompute = cfg.grad_checkpointing
-    recompute = grad_checkpointing_default(AutoConfig.from_pretrained(model)) if recompute is None else recompute
+    if recompute is None:  # by memory: the update's estimate against what the device has free
+        train_dtype = resolve_dtype(cfg.train_dtype)
+        recompute = grad_checkpointing_default(AutoConfig.from_pretrained(model), micro_batch_tokens(cfg),
+                                               2 if train_dtype == "bfloat16" else 4, free_memory(device_type()))
     # the shared-prompt forward needs the prompt's KV cache, which HF drops under activation checkpointing, and
     # micro-batches of whole groups
     if cfg.share_prompt and (recompute or cfg.micro_batch_size % cfg.group_size):
@@ -184,6 +206,15 @@ def resolve_config(cfg):
     return method_defaults(dataclasses.replace(
         cfg, model=model, data=task, out_dir=out_dir, grad_checkpointing=recompute,
         train_dtype=resolve_dtype(cfg.train_dtype), rollout_dtype=resolve_dtype(cfg.rollout_dtype)))
+
+
+def micro_batch_tokens(cfg):
+    """The most padded tokens one micro-batch can hold: the token budget, or micro-batch rows x the longest row."""
+    return cfg.micro_batch_tokens or cfg.micro_batch_size * (cfg.max_prompt_len + cfg.max_new_tokens)
+
+
+def device_type():
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def method_defaults(cfg):
@@ -237,11 +268,16 @@ def peak_rss_gb():
 
 
 def all_reduce_sums(sums, device):
-    """Sum a dict of scalars (numbers or 0-dim tensors) over ranks: one collective and one host sync for it all."""
-    keys = sorted(sums)
-    vec = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64, device=device) for k in keys])
-    dist.all_reduce(vec)
-    return dict(zip(keys, vec.tolist()))
+    """Sum a dict of scalars (numbers or 0-dim tensors) over ranks, `max_*` keys by their maximum: one collective and
+    one host sync for the sums (and one more for the maxima, when there are any)."""
+    out = {}
+    for op, keys in ((dist.ReduceOp.SUM, sorted(k for k in sums if not k.startswith("max_"))),
+                     (dist.ReduceOp.MAX, sorted(k for k in sums if k.startswith("max_")))):
+        if keys:
+            vec = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64, device=device) for k in keys])
+            dist.all_reduce(vec, op=op)
+            out.update(zip(keys, vec.tolist()))
+    return out
 
 
 # --- data order: a seeded permutation per epoch, so the position in the stream is just an index ------------------
@@ -376,7 +412,9 @@ def main(argv=None):
     log, wandb_run = open_run(cfg, start_step)
     print0(f"run dir {cfg.out_dir} | {WORLD} rank(s) on {device.type} | engine {type(engine).__name__} | "
            f"method {cfg.method} delta {cfg.delta} | {cfg.train_dtype} trainer, {cfg.rollout_dtype} engine | "
-           f"peak RSS {peak_rss_gb():.1f} GB")
+           f"grad checkpointing {'on' if cfg.grad_checkpointing else 'off'} (update ~"
+           f"{update_memory(model.config, micro_batch_tokens(cfg), 2 if cfg.train_dtype == 'bfloat16' else 4) / 2**30:.1f}"
+           f" GB without, {free_memory(device.type) / 2**30:.0f} GB free) | peak RSS {peak_rss_gb():.1f} GB")
 
     if start_step == 0 and cfg.eval_every:
         ev = validate(engine, tokenizer, eval_sets, cfg, 0)
@@ -397,6 +435,9 @@ def main(argv=None):
         sampling = rollout.Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                                     seed=cfg.seed * 1_000_003 + step * WORLD + RANK, logprobs=True)
         completions = engine.generate(prompt_ids, G, sampling)  # len(prompts) * G, grouped by prompt
+        if (cfg.old_logp == "engine" or cfg.rollout_is != "none") and any(c.logprobs is None for c in completions):
+            raise RuntimeError(f"--old-logp {cfg.old_logp} --rollout-is {cfg.rollout_is} needs the engine's log-probs, "
+                               f"and {type(engine).__name__} returned none")
         engine.sleep()  # on GPU the engine gives its memory back to the trainer until the weight sync
         t_rollout = time.time()
 
@@ -411,7 +452,9 @@ def main(argv=None):
         # --- old and reference log-probs, recomputed by the trainer (old: only off-policy, see on_policy) ---
         batch = pack(prompt_ids, completions, device)
         old_logp = ref_logp = None
-        if not on_policy(cfg):
+        if cfg.old_logp == "engine":  # the band is built around the engine's probability: no trainer pass
+            old_logp = batch.engine_logp
+        elif not on_policy(cfg):
             old_logp, entropy = batch_logprobs(model, cfg, batch, with_entropy=True)
             stats.update(old_policy_sums(old_logp, entropy, batch.engine_logp, batch.mask, cfg))
         if ref_model is not None:

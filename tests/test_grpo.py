@@ -218,8 +218,9 @@ def test_gradient_matches_reference_and_analytic_form(agg):
 
 @pytest.mark.parametrize("agg", grpo.AGG_MODES)
 def test_micro_batches_and_ranks_equal_one_batch(agg):
-    """2 ranks × 2 micro-batches of unequal sizes, global normalisers: Σ losses and grads = one batch to 1e-12.
-    The naive per-micro-batch normaliser, averaged, differs (the gradient-accumulation bug)."""
+    """2 ranks × 2 micro-batches of unequal sizes, global normalisers: Σ losses and grads = one batch to 1e-12; so do
+    uneven micro-batches of a shuffled order with rollout importance weights. The naive per-micro-batch normaliser,
+    averaged, differs (the gradient-accumulation bug)."""
     logp, old, adv, mask, lower, upper = random_batch(2, B=8, T=9)
     full_kw = dict(clip_c=2.5, agg=agg, max_len=12)
     x = logp.clone().requires_grad_()
@@ -237,6 +238,22 @@ def test_micro_batches_and_ranks_equal_one_batch(agg):
     assert torch.allclose(grad, full_grad, atol=TOL64, rtol=0)
     for k, v in full_sums.items():
         assert abs(float(sum(p[1][k] for p in parts)) - float(v)) < TOL64, k
+
+    # the same with token-budget micro-batches: rows in a shuffled order, uneven sizes, and a rollout importance
+    # weight on every token (it multiplies the per-token loss, so the normalisers are untouched)
+    order = torch.randperm(8, generator=torch.Generator().manual_seed(5))
+    uneven = [order[:3], order[3:4], order[4:8]]                            # rank 0: mb 0, 1; rank 1: mb 2
+    engine = old + 0.7 * torch.randn(old.shape, generator=torch.Generator().manual_seed(6), dtype=F64)
+    w, _ = grpo.rollout_is_weights(old, engine, mask, "token-truncate", clip_max=2.0)
+    xw = logp.clone().requires_grad_()
+    full_w, _ = grpo.policy_loss(xw, old, adv, mask, lower, upper, weights=w, **full_kw)
+    (full_w_grad,) = torch.autograd.grad(full_w, xw)
+    z = logp.clone().requires_grad_()
+    total_w = sum(grpo.policy_loss(z[i], old[i], adv[i], mask[i], lower[i], upper[i], weights=w[i], **glob,
+                                   **full_kw)[0] for i in uneven)
+    (grad_w,) = torch.autograd.grad(total_w, z)
+    assert abs(float(total_w.detach() - full_w.detach())) < TOL64
+    assert torch.allclose(grad_w, full_w_grad, atol=TOL64, rtol=0)
 
     naive = sum(grpo.policy_loss(logp[s], old[s], adv[s], mask[s], lower[s], upper[s], **full_kw)[0]
                 for s in splits) / len(splits)
@@ -334,3 +351,68 @@ def test_out_of_band_metrics_count_every_sign_and_bin():
         in_bin = [r for p, r in rows if lo <= p < hi or (k == len(edges) - 2 and p == hi)]
         want = sum(r > 1.25 for r in in_bin) / len(in_bin) if in_bin else 0.0
         assert out[f"band/out_upper_frac_p{lo:.1f}-{hi:.1f}"] == pytest.approx(want, abs=1e-12), k
+
+
+# --- rollout importance correction (TRL's vllm_importance_sampling_* definitions) ---
+
+def is_case():
+    """Three responses, log ρ_t = old − engine chosen so every ρ is a round number (worked out by hand below);
+    row 1's last position is off the mask and holds a huge mismatch that must be ignored."""
+    rho = t([[2.0, 0.5, 4.0], [0.2, 5.0, 1e30], [2.5, 1.0, 7.0]])
+    mask = t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    engine = -2.0 * torch.ones(3, 3, dtype=F64)
+    return engine + rho.log(), engine, mask
+
+
+@pytest.mark.parametrize("mode,clip_min,want", [
+    ("token-truncate", None, [[2.0, 0.5, 3.0], [0.2, 3.0, 0], [2.5, 1.0, 0]]),
+    ("token-truncate", 0.4, [[2.0, 0.5, 3.0], [0.4, 3.0, 0], [2.5, 1.0, 0]]),
+    ("token-mask", None, [[2.0, 0.5, 0.0], [0.2, 0.0, 0], [2.5, 1.0, 0]]),
+    ("token-mask", 0.4, [[2.0, 0.5, 0.0], [0.0, 0.0, 0], [2.5, 1.0, 0]]),
+    ("token-mask", 1.0, [[2.0, 0.0, 0.0], [0.0, 0.0, 0], [2.5, 1.0, 0]]),      # ρ = exp(0) = 1 = min is kept (≤)
+    # sequences: ρ = 2·0.5·4 = 4, 0.2·5 = 1 (the masked 1e30 ignored), 2.5·1 = 2.5
+    ("sequence-truncate", None, [[3.0, 3.0, 3.0], [1.0, 1.0, 0], [2.5, 2.5, 0]]),
+    ("sequence-mask", None, [[0.0, 0.0, 0.0], [1.0, 1.0, 0], [2.5, 2.5, 0]]),
+    ("sequence-mask", 1.5, [[0.0, 0.0, 0.0], [0.0, 0.0, 0], [2.5, 2.5, 0]]),
+])
+def test_rollout_is_weights_hand_cases(mode, clip_min, want):
+    """Each mode on a batch worked out by hand (cap 3): w = clamp(ρ, min, 3) or ρ·[min ≤ ρ ≤ 3], token ρ_t or the
+    response's product, broadcast; positions off the mask are not looked at (compared on the mask only)."""
+    old, engine, mask = is_case()
+    w, sums = grpo.rollout_is_weights(old, engine, mask, mode, clip_max=3.0, clip_min=clip_min)
+    want = t(want)
+    assert torch.allclose(w * mask, want * mask, rtol=1e-12, atol=0)
+
+
+def test_rollout_is_metrics_hand_case():
+    """token-mask, cap 3: 7 tokens, ρ = 2, .5, 4, .2, 5, 2.5, 1 -> 2 masked (4 and 5), mean 15.2 / 7, max 5;
+    sequence-truncate: sequence ρ = 4, 1, 2.5 -> 1 of 3 responses (3 of 7 tokens) truncated, mean 7.5 / 3, max 4."""
+    old, engine, mask = is_case()
+    _, clip_sums = grpo.policy_loss(old, old, t([0.0, 0.0, 0.0]), mask, 0.8, 1.2)  # the step's other sums (7 tokens)
+    _, s = grpo.rollout_is_weights(old, engine, mask, "token-mask", clip_max=3.0)
+    m = grpo.finalize_metrics({**clip_sums, **s})
+    assert m["rollout_is/tokens_out_frac"] == pytest.approx(2 / 7)
+    assert m["rollout_is/rho_mean"] == pytest.approx(15.2 / 7) and m["rollout_is/rho_max"] == pytest.approx(5.0)
+    assert "rollout_is/seqs_out_frac" not in m
+    _, s = grpo.rollout_is_weights(old, engine, mask, "sequence-truncate", clip_max=3.0)
+    m = grpo.finalize_metrics({**clip_sums, **s})
+    assert m["rollout_is/seqs_out_frac"] == pytest.approx(1 / 3) and m["rollout_is/tokens_out_frac"] == pytest.approx(3 / 7)
+    assert m["rollout_is/rho_mean"] == pytest.approx(7.5 / 3) and m["rollout_is/rho_max"] == pytest.approx(4.0)
+    assert grpo.rollout_is_weights(old, engine, mask, "none") == (None, {})
+    with pytest.raises(ValueError, match="token-mask"):
+        grpo.rollout_is_weights(old, engine, mask, "token_mask")
+
+
+def test_rollout_is_weight_carries_no_gradient():
+    """The weight multiplies the clipped surrogate and carries no gradient, even when π_old is a tensor with one:
+    inside the band ∂ℓ/∂log π = −Â·r·w (token-mean over 3 tokens), and the truncated token gets w = cap."""
+    old, engine, mask = is_case()
+    old = old[:1].clone().requires_grad_()                                    # ρ = 2, 0.5, 4
+    w, _ = grpo.rollout_is_weights(old, engine[:1], mask[:1], "token-truncate", clip_max=3.0)
+    assert not w.requires_grad
+    r = t([[1.1, 0.95, 1.05]])
+    x = (old.detach() + r.log()).requires_grad_()
+    loss, _ = grpo.policy_loss(x, old.detach(), t([1.0]), mask[:1], 0.8, 1.2, agg="token-mean", weights=w)
+    (g,) = torch.autograd.grad(loss, x)
+    assert torch.allclose(g, -r * t([[2.0, 0.5, 3.0]]) / 3, rtol=1e-12, atol=0)
+    assert old.grad is None

@@ -194,3 +194,73 @@ def test_shared_prompt_update_equals_packed_update_under_fsdp(group):
         # <~ n_layers sqrt(d_ff) u = 64 u relative (test_sequence_logprobs' bound), the second mini-batch sees the
         # first's rounding too, so the moved weights agree to 2 x 64 u of the largest move
         assert torch.allclose(weights[0][k], weights[1][k], rtol=8 * U32, atol=128 * U32 * moved), k
+
+
+@pytest.mark.parametrize("budget", [1, 40, 64, 10_000])
+def test_token_budget_micro_batches_cover_each_row_once_within_budget(budget):
+    """--micro-batch-tokens N: every row of the mini-batch in exactly one micro-batch, rows longest first, and each
+    micro-batch's padded size (its longest prompt + its longest response) x rows at most N unless it is one row —
+    checked by laying the micro-batches out from the spans."""
+    cfg = train.Config(micro_batch_tokens=budget)
+    g = torch.Generator().manual_seed(budget)
+    spans = [(int(p), int(r)) for p, r in zip(torch.randint(2, 30, (40,), generator=g),
+                                              torch.randint(0, 60, (40,), generator=g))]
+    rows = slice(8, 32)
+    mbs = policy.micro_batches(rows, cfg, spans)
+    flat = [i for mb in mbs for i in mb]
+    assert sorted(flat) == list(range(8, 32))
+    lengths = [sum(spans[i]) for i in flat]
+    assert lengths == sorted(lengths, reverse=True)
+    for mb in mbs:
+        padded = (max(spans[i][0] for i in mb) + max(max(spans[i][1] for i in mb), 1)) * len(mb)
+        assert len(mb) == 1 or padded <= budget
+    if budget == 10_000:
+        assert len(mbs) == 1
+    if budget == 1:
+        assert len(mbs) == 24
+
+
+def test_token_budget_update_equals_row_micro_batches(group):
+    """Two mini-batches, the clip binding: micro-batches of <= 40 padded tokens in sorted order move the weights as
+    micro-batches of 4 rows in rollout order (the normalisers are global, so only summation order differs)."""
+    ids, attn, mask, P = batch(seed=4, B=8, P=7, T=9)
+    adv = torch.linspace(-1.0, 1.2, 8)
+    old = None
+    weights = []
+    for budget in (0, 40):
+        cfg = train.Config(method="clip", model=rollout.DEFAULT_MODEL, prompts_per_step=4, mini_batch_prompts=2,
+                           group_size=2, micro_batch_size=4, micro_batch_tokens=budget, max_new_tokens=9, lr=1e-2,
+                           grad_clip=1e6, train_dtype="float32")
+        torch.manual_seed(0)
+        model = policy.build_model(cfg, torch.device("cpu"))
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+        b = RolloutBatch(ids, attn, mask, P)
+        if old is None:
+            with torch.no_grad():
+                old, _ = policy.batch_logprobs(model, cfg, b)
+            old = old + torch.randn(old.shape, generator=torch.Generator().manual_seed(1))  # ratios e^±1: binds
+        if budget:
+            assert len(policy.micro_batches(slice(0, 4), cfg, b.spans)) > 1  # really split, by tokens
+        sums, skipped, _ = policy.update_policy(model, opt, cfg, b, adv, old)
+        assert skipped == 0 and sums["n_upper"] + sums["n_lower"] > 0
+        weights.append({k: v.full_tensor().clone() for k, v in model.state_dict().items()})
+    before = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32).state_dict()
+    moved = max((weights[0][k] - before[k]).abs().max().item() for k in before)
+    assert moved > 1e-3
+    for k in weights[0]:
+        # float32, the same products summed in another order: as test_shared_prompt_update's bound
+        assert torch.allclose(weights[0][k], weights[1][k], rtol=8 * U32, atol=128 * U32 * moved), k
+
+
+def test_token_budget_old_logprobs_equal_row_micro_batches(group):
+    """batch_logprobs through sorted token-budget micro-batches returns every row's log-probs in the batch's order,
+    equal to the row micro-batches' (float32; each row's own forward, other widths: <= 64 u max|logit| apart)."""
+    ids, attn, mask, P = batch(seed=5, B=8, P=7, T=9)
+    cfg = train.Config(model=rollout.DEFAULT_MODEL, prompts_per_step=4, mini_batch_prompts=2, group_size=2,
+                       micro_batch_size=4, train_dtype="float32")
+    model = policy.build_model(cfg, torch.device("cpu"), trainable=False)
+    rows, _ = policy.batch_logprobs(model, cfg, RolloutBatch(ids, attn, mask, P), with_entropy=False)
+    tokens, ent = policy.batch_logprobs(model, train.Config(**{**cfg.__dict__, "micro_batch_tokens": 30}),
+                                        RolloutBatch(ids, attn, mask, P), with_entropy=True)
+    assert ent is not None and ent.shape == rows.shape
+    assert torch.allclose(rows, tokens, atol=1e-4, rtol=0)  # |logp| < 10, 64 u x 10 x a few ~ 1e-4

@@ -105,6 +105,26 @@ def test_train_two_ranks_runs_end_to_end(engine, tmp_path):
 
 
 @pytest.mark.slow
+def test_engine_old_logp_and_rollout_correction_with_token_budget(tmp_path):
+    """--old-logp engine skips the trainer's π_old pass: the first mini-batch's ratio is then the engine-vs-trainer
+    gap (float32 on both sides: nonzero, and small); --rollout-is sequence-mask logs its rollout_is/ metrics; both
+    with token-budget micro-batches (--micro-batch-tokens)."""
+    for name, flags in (("engine", ["--old-logp", "engine"]), ("is", ["--rollout-is", "sequence-mask"])):
+        run = tmp_path / name
+        r = subprocess.run([sys.executable, "train.py", "--max-steps", "2", "--eval-every", "0", "--no-export-hf",
+                            "--micro-batch-tokens", "64", "--out-dir", str(run), *FAST, *flags],
+                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=HANG)
+        assert r.returncode == 0, r.stderr[-3000:]
+        for m in read_metrics(run):
+            assert math.isfinite(m["loss"]) and m["update/skipped"] == 0
+            if name == "engine":  # vLLM and HF kernels in float32 agree to ~1e-6 per token (tests/test_rollout.py)
+                assert 0 < m["ratio/first_abs_dev"] < 1e-3, m["ratio/first_abs_dev"]
+            else:
+                assert m["ratio/first_abs_dev"] == 0.0  # the trainer's own π_old: exactly 1
+                assert 0 <= m["rollout_is/seqs_out_frac"] <= 1 and m["rollout_is/rho_max"] >= m["rollout_is/rho_mean"]
+
+
+@pytest.mark.slow
 def test_python_train_py_one_process_bf16(tmp_path):
     """`python train.py` (no torchrun) is the same program on one process; with --train-dtype/--rollout-dtype
     bfloat16 (FSDP2 mixed precision, vLLM bf16) the run trains and the first mini-batch's ratio is exactly 1:
@@ -121,17 +141,19 @@ def test_python_train_py_one_process_bf16(tmp_path):
     for m in steps:  # two mini-batches per rollout (SHAPE): π_old comes from its own no-grad pass
         assert m["ratio/first_abs_dev"] == 0.0, m["ratio/first_abs_dev"]
         assert math.isfinite(m["loss"]) and m["update/skipped"] == 0
-    # that bf16 really computes (bf16 logits on fp32 master weights) is checked in test_train_steps.py
+    # that bf16 really computes (bf16 logits on fp32 master weights) is checked in test_policy.py
 
 
 @pytest.mark.slow
-def test_fsdp_two_ranks_equal_one_rank(tmp_path):
-    """FSDP2 on 2 ranks (gloo) = 1 rank on the same global batch: weights after one step agree to float32 rounding."""
+@pytest.mark.parametrize("rollout_is", ["none", "sequence-mask"])
+def test_fsdp_two_ranks_equal_one_rank(tmp_path, rollout_is):
+    """FSDP2 on 2 ranks (gloo) = 1 rank on the same global batch: weights after one step agree to float32 rounding,
+    also with a rollout importance correction on (its weights per micro-batch, the normalisers global)."""
     outs = {}
     for nproc in (1, 2):
         out = tmp_path / f"w{nproc}.pt"
         cmd = [TORCHRUN, "--nproc_per_node", str(nproc), "--master_port", str(free_port()), "tests/fsdp_step.py",
-               str(out)]
+               str(out), rollout_is]
         r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=HANG)
         assert r.returncode == 0, r.stderr[-3000:]
         outs[nproc] = torch.load(out)
@@ -203,6 +225,11 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     (["--keep-checkpoints", "-1"], "--keep-checkpoints must be >= 0"),
     (["--share-prompt", "--grad-checkpointing"], "--share-prompt needs --no-grad-checkpointing"),
     (["--share-prompt", "--group-size", "8", "--micro-batch-size", "12"], "micro-batch 12, group size 8"),
+    (["--old-logp", "vllm"], "unknown --old-logp 'vllm'"),
+    (["--rollout-is", "token_mask"], "unknown --rollout-is 'token_mask'"),
+    (["--rollout-is", "token-mask", "--old-logp", "engine"], "every weight would be 1"),
+    (["--rollout-is-max", "0.5"], "--rollout-is-max"),
+    (["--micro-batch-tokens", "256", "--share-prompt", "--no-grad-checkpointing"], "--micro-batch-tokens"),
 ])
 def test_bad_flags_exit_2_with_one_line(flags, message, tmp_path):
     """Bad flags: one line naming the value on stderr, exit code 2, no run directory created."""
