@@ -78,6 +78,8 @@ def parse_args(argv=None):
                    help="activation checkpointing in both (TRL's gradient_checkpointing, non-reentrant as ours)")
     p.add_argument("--steps", type=int, default=3, help="generations per run (the first is dropped)")
     p.add_argument("--repeats", type=int, default=2, help="runs per system, alternating")
+    p.add_argument("--ours", default="", help="extra train.py flags of our run only, e.g. '--share-prompt "
+                   "--micro-batch-tokens 4096' (features TRL has no counterpart of; the header names them)")
     p.add_argument("--trl-child", default="", help=argparse.SUPPRESS)  # internal: run TRL, write rows here
     return p.parse_args(argv)
 
@@ -218,7 +220,7 @@ def run_ours(a):
                "--group-size", str(a.group_size), "--max-steps", str(a.steps), "--rollout", "hf",
                "--train-dtype", "float32", "--rollout-dtype", "float32", "--kl-coef", "0", "--clip-c", "10",
                "--agg", "seq-mean-token-mean", "--seed", "0", "--eval-every", "0", "--save-every", "0",
-               "--no-export-hf", "--out-dir", os.path.join(d, "run")]
+               "--no-export-hf", "--out-dir", os.path.join(d, "run"), *a.ours.split()]
         rss = run(cmd, d)
         with open(os.path.join(d, "run", "metrics.jsonl")) as f:
             ms = [json.loads(line) for line in f if line.strip() and "time/step" in line]
@@ -252,7 +254,7 @@ def header(a, ga, spg):
             f"(mini-batch {a.mini_batch_prompts} prompts; TRL steps_per_generation {spg} / gradient_accumulation_steps "
             f"{ga}), micro-batch {a.micro_batch_size} sequences, lr {a.lr:g} constant, float32, HF generate in both, "
             f"activation checkpointing {'on' if a.grad_checkpointing else 'off'}, "
-            f"no KL, no eval; {a.steps} generations per run, the first dropped, {a.repeats} run(s) "
+            f"no KL, no eval{'; ours also ' + a.ours if a.ours else ''}; {a.steps} generations per run, the first dropped, {a.repeats} run(s) "
             f"per system alternating. Machine: {cpu}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
             f"torch {torch.__version__}, transformers {transformers.__version__}; commit {commit}; "
             f"{time.strftime('%Y-%m-%d')}. Seconds per generation (one rollout and its updates), unless named.")
