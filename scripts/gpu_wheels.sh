@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Wheels for scripts/gpu_check.py on the lent GPU machine (Python 3.12, torch + CUDA, transformers, accelerate, no
-# network): what train.py's import chain and the CUDA tests need beyond those, at the pins of requirements.txt.
-# Downloaded here into .whl/gpu/ (git-ignored; carried with the call, which allows 64 MiB in all), installed there by
-# gpu_check.py with `pip install --no-index --no-deps --target`, each only if the machine lacks it.
+# Wheels for scripts/gpu_check.py on a GPU machine without network access (Python 3.12, torch + CUDA, transformers,
+# accelerate): what train.py's import chain and the CUDA tests need beyond those, at the pins of requirements.txt.
+# Downloaded here into .whl/gpu/ (git-ignored, about 9 MiB: it fits one transfer beside the last part of a stage of
+# scripts/gpu_stage.py), installed there by gpu_check.py with `pip install --no-index --no-deps --target`, each only
+# if the machine lacks it.
 #
-#     bash scripts/gpu_wheels.sh            # then carry [".whl/gpu"]: see docs/gpu.md
+#     bash scripts/gpu_wheels.sh            # then transfer .whl/gpu/ to the machine: see docs/gpu.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=.whl/gpu
@@ -27,4 +28,4 @@ for w in "${WHEELS[@]}"; do
     -d "$DIR" "$w"
 done
 ls -l "$DIR" | awk 'NR > 1 {printf "%10d  %s\n", $5, $9}'
-du -cb "$DIR"/*.whl | tail -1 | awk '{printf "total %.1f MiB in %s (limit of a call: 64 MiB with the repository)\n", $1 / 2^20, "'"$DIR"'"}'
+du -cb "$DIR"/*.whl | tail -1 | awk '{printf "total %.1f MiB in %s\n", $1 / 2^20, "'"$DIR"'"}'
