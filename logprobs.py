@@ -1,23 +1,25 @@
-"""Log-probabilities of sequences: per-token log π(y_t | prefix) of sampled responses, and their entropy.
+"""Log-probabilities of sequences: per-token log π(y_t | prefix) of sampled responses, and entropy.
 
-The surrogate of docs/paper.md §3 needs, for every response token, log π_θ(a_t | s_t) (with gradient) and
-log π_old(a_t | s_t) (without): the ratio r_t = exp(log π_θ − log π_old). This file computes them from a causal LM,
-as the distribution the engine sampled from — softmax(logits / temperature) over the full vocabulary — so that
-π_old recomputed here and the engine's own log-probs are the same numbers up to rounding (rollout/logprob_diff).
+The surrogate of docs/paper.md §3 needs, for every response token, log π_θ(a_t | s_t) (with
+gradient) and log π_old(a_t | s_t) (without): the ratio r_t = exp(log π_θ − log π_old). This file
+computes them from a causal LM as the distribution the engine sampled from, softmax(logits /
+temperature) over the full vocabulary, so that π_old recomputed here and the engine's own log-probs
+are the same numbers up to rounding (rollout/logprob_diff).
 
-    batch = pack(prompt_ids, completions, device)                       # a RolloutBatch: (B, P + T), ...
-    logp, _ = sequence_logprobs(model, batch.input_ids, batch.attn, batch.n_prompt, micro_batch_size=8)  # (B, T)
+    batch = pack(prompt_ids, completions, device)  # a RolloutBatch: (B, P + T), ...
+    logp, _ = sequence_logprobs(model, batch.input_ids, batch.attn, batch.n_prompt,
+                                micro_batch_size=8)  # (B, T)
 
-Three memory choices, each because a real vocabulary makes the naive form the largest tensor of a step:
+Three memory choices, because with a real vocabulary the naive form is a step's largest tensor:
 - `pack` left-pads prompts and right-pads responses, so every response starts at column P;
-- `sequence_logprobs` cuts each micro-batch to its own longest prompt and response and asks the model for the
-  response positions' logits only (`logits_to_keep`), never the prompt's (b, P, V);
-- `token_logprobs` upcasts one chunk of positions at a time to float32 (a custom autograd Function): it never holds
-  a second full-vocabulary float32 tensor, forward or backward.
+- `sequence_logprobs` cuts each micro-batch to its own longest prompt and response and asks the
+  model for the response positions' logits only (`logits_to_keep`), never the prompt's (b, P, V);
+- `token_logprobs` upcasts one chunk of positions at a time to float32 (a custom autograd Function):
+  it never holds a second full-vocabulary float32 tensor, forward or backward.
 
-Tests: tests/test_logprobs.py (float64 exactness, gradcheck, bf16 against the naive form, the temperature) and
-tests/test_train_steps.py (packed, trimmed log-probs against an unpadded forward of each row).
-Memory: `python benchmarks/bench_logprob_memory.py` (docs/benchmarks.md).
+Tests: tests/test_logprobs.py (float64 exactness, gradcheck, bf16 against the naive form, the
+temperature, the shared-prompt forward) and tests/test_policy.py (packed, trimmed log-probs against
+an unpadded forward of each row). Memory: benchmarks/bench_logprob_memory.py, docs/benchmarks.md.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -27,14 +29,14 @@ import torch
 
 @dataclass
 class RolloutBatch:
-    """One rank's rollout, packed: prompts left-padded and responses right-padded, so every response starts at
-    column P. `batch[rows]` (a slice or a list of row indices) is the sub-batch of those rows."""
+    """One rank's rollout, packed: prompts left-padded and responses right-padded, so every response
+    starts at column P. `batch[rows]` (a slice or a list of row indices): those rows' sub-batch."""
     input_ids: torch.Tensor                     # (B, P + T) token ids; 0 at padding (never read)
     attn: torch.Tensor                          # (B, P + T) attention mask, 1 on real tokens
     mask: torch.Tensor                          # (B, T) float, 1 on response tokens
     n_prompt: int                               # P
-    engine_logp: Optional[torch.Tensor] = None  # (B, T) the engine's log-prob of each sampled token (0 where none)
-    spans: Optional[list] = None                # [(prompt length, response length)] per row (host); row_spans
+    engine_logp: Optional[torch.Tensor] = None  # (B, T) the engine's log-probs (0 where none)
+    spans: Optional[list] = None                # row_spans: [(prompt length, response length)]
 
     def __post_init__(self):
         if self.spans is None:
@@ -44,19 +46,17 @@ class RolloutBatch:
         return self.input_ids.shape[0]
 
     def __getitem__(self, rows):
-        pick = (lambda x: x[rows]) if isinstance(rows, slice) else (lambda x: x[torch.as_tensor(rows, device=x.device)])
+        pick = ((lambda x: x[rows]) if isinstance(rows, slice)
+                else (lambda x: x[torch.as_tensor(rows, device=x.device)]))
         spans = self.spans[rows] if isinstance(rows, slice) else [self.spans[i] for i in rows]
         return RolloutBatch(pick(self.input_ids), pick(self.attn), pick(self.mask), self.n_prompt,
                             None if self.engine_logp is None else pick(self.engine_logp), spans)
 
 
 def pack(prompt_ids, completions, device):
-    """Left-pad prompts and right-pad responses into one (B, P + T) batch, so every response starts at column P.
-
-    Returns a RolloutBatch: input_ids and attention mask (B, P+T), response mask (B, T), P, and the engine's
-    log-probs of the sampled tokens (B, T) (0 where it gave none). Padding positions hold token 0 under a zero
-    attention mask: the pad id is never read, so a tokenizer without a pad token (Llama 3) needs none.
-    """
+    """Left-pad prompts and right-pad responses into one RolloutBatch (B, P + T), so every response
+    starts at column P. Padding positions hold token 0 under a zero attention mask: the pad id is
+    never read, so a tokenizer without a pad token (Llama 3) needs none."""
     n_prompt = max(len(prompt_ids[c.prompt_index]) for c in completions)
     n_resp = max(1, max(len(c.token_ids) for c in completions))
     B = len(completions)
@@ -70,103 +70,120 @@ def pack(prompt_ids, completions, device):
         attn[b, n_prompt - len(p):n_prompt + len(r)] = 1
         if c.logprobs:
             engine_logp[b, :len(r)] = torch.tensor(c.logprobs, dtype=torch.float32)
-    return RolloutBatch(input_ids.to(device), attn.to(device), attn[:, n_prompt:].to(device, torch.float32), n_prompt,
+    return RolloutBatch(input_ids.to(device), attn.to(device),
+                        attn[:, n_prompt:].to(device, torch.float32), n_prompt,
                         engine_logp.to(device))
 
 
 def row_spans(attn_mask, n_prompt):
     """[(prompt length, response length)] of each packed row, on the host (one sync)."""
-    return torch.stack([attn_mask[:, :n_prompt].sum(-1), attn_mask[:, n_prompt:].sum(-1)], -1).tolist()
+    return torch.stack([attn_mask[:, :n_prompt].sum(-1),
+                        attn_mask[:, n_prompt:].sum(-1)], -1).tolist()
 
 
-def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, temperature=1.0, with_entropy=False,
-                      spans=None, group_size=0):
-    """Per-token log π(y_t | prefix) of the response tokens under softmax(logits / temperature), the distribution
-    the engine sampled from (verl divides the logits the same way), in micro-batches of `micro_batch_size` rows.
-    Returns (logp (B, T), entropy (B, T) or None): the entropy only with with_entropy.
+def sequence_logprobs(model, input_ids, attn_mask, n_prompt, micro_batch_size, temperature=1.0,
+                      with_entropy=False, spans=None, group_size=0):
+    """Per-token log π(y_t | prefix) of the response tokens under softmax(logits / temperature),
+    the distribution the engine sampled from (verl divides the logits the same way), in
+    micro-batches of `micro_batch_size` rows. -> (logp (B, T), entropy (B, T) or None): the
+    entropy only with with_entropy.
 
-    Each micro-batch is cut to its own longest prompt and response (the step's batch is padded to the longest of
-    all), and the LM head runs on the response positions only (logits_to_keep): the prompt's logits, a (b, P, V)
-    tensor, are never made. Positions past a row's response hold 0 (masked out downstream).
-    spans: [(prompt length, response length)] of the rows (`row_spans`); computed here (one host sync) when None.
-    group_size: G > 1 when the rows come in groups of G that share one prompt (a GRPO rollout, grouped by prompt)
-    and every micro-batch holds whole groups: each prompt then runs once, not G times (`_shared_prompt_logits`).
+    Each micro-batch is cut to its own longest prompt and response (the step's batch is padded to
+    the longest of all), and the LM head runs on the response positions only (logits_to_keep): the
+    prompt's logits, a (b, P, V) tensor, are never made. Positions past a row's response hold 0
+    (masked out downstream). spans: the rows' `row_spans`, computed here (one host sync) when None.
+    group_size: G > 1 when the rows come in groups of G that share one prompt (a GRPO rollout) and
+    every micro-batch holds whole groups: each prompt then runs once, not G times
+    (`_shared_prompt_logits`).
     """
     B, T = input_ids.shape[0], input_ids.shape[1] - n_prompt
     spans = row_spans(attn_mask, n_prompt) if spans is None else spans
     shared = group_size > 1
     if shared and (micro_batch_size % group_size or B % group_size):
-        raise ValueError(f"a shared-prompt forward needs whole groups: micro-batch {micro_batch_size} and batch {B} "
-                         f"must be multiples of the group size {group_size}")
+        raise ValueError(f"a shared-prompt forward needs whole groups: micro-batch "
+                         f"{micro_batch_size} and batch {B} must be multiples of the group size "
+                         f"{group_size}")
     logps, ents = [], []
     for i in range(0, B, micro_batch_size):
         rows = slice(i, i + micro_batch_size)
         p = max(s[0] for s in spans[rows])  # this micro-batch's longest prompt (left-padded) ...
         t = max(1, max(s[1] for s in spans[rows]))  # ... and longest response (right-padded)
-        ids, am = input_ids[rows, n_prompt - p:n_prompt + t], attn_mask[rows, n_prompt - p:n_prompt + t]  # (b, p+t)
+        ids, am = (input_ids[rows, n_prompt - p:n_prompt + t],
+                   attn_mask[rows, n_prompt - p:n_prompt + t])                # (b, p + t)
         if shared:
-            logits = _shared_prompt_logits(model, ids, am, p, group_size)                     # (b, t, V)
+            logits = _shared_prompt_logits(model, ids, am, p, group_size)     # (b, t, V)
         else:
-            pos = (am.cumsum(-1) - 1).clamp(min=0)  # positions count from each prompt's first real token, as rollout
-            # the t + 1 last positions predict the response tokens and one past the end, which is dropped
-            logits = model(input_ids=ids, attention_mask=am, position_ids=pos, logits_to_keep=t + 1).logits[:, :-1]
-        # no .float() and no / temperature here: token_logprobs upcasts one chunk at a time, then divides by T
-        out = token_logprobs(logits, ids[:, p:], with_entropy=with_entropy, temperature=temperature)  # (b, t)
-        keep = am[:, p:].to(torch.float32)                                          # (b, t) 0 past each response
-        out = [torch.nn.functional.pad(x * keep, (0, T - t)) for x in (out if with_entropy else (out,))]  # (b, T)
+            # positions count from each prompt's first real token, as in the rollout
+            pos = (am.cumsum(-1) - 1).clamp(min=0)                            # (b, p + t)
+            # the t + 1 last positions predict the response tokens and one past the end (dropped)
+            logits = model(input_ids=ids, attention_mask=am, position_ids=pos,
+                           logits_to_keep=t + 1).logits[:, :-1]               # (b, t, V)
+        # no .float() and no / temperature here: token_logprobs upcasts a chunk, then divides
+        out = token_logprobs(logits, ids[:, p:], with_entropy=with_entropy,
+                             temperature=temperature)                         # (b, t)
+        keep = am[:, p:].to(torch.float32)                                    # (b, t) 0 past end
+        out = [torch.nn.functional.pad(x * keep, (0, T - t))
+               for x in (out if with_entropy else (out,))]                    # (b, T)
         logps.append(out[0])
         ents.extend(out[1:])
     return torch.cat(logps), torch.cat(ents) if with_entropy else None
 
 
 def _shared_prompt_logits(model, ids, am, p, G):
-    """The logits that predict the response tokens ids[:, p:] (b, t, V), for rows in groups of G with one prompt each,
-    the prompt run once per group: a forward of the b / G prompts that keeps their KV cache, the cache repeated G
-    times, then a forward of the b responses on top of it. The same function as the packed forward of every row
-    (tests/test_logprobs.py checks values and gradients in float64), with the prompt's share of the compute divided
-    by G: GRPO's G completions of a 48-token chat prompt are ~25 tokens each, so the prompt is most of the packed
-    forward. Gradients reach the prompt's positions through the cache. HF turns the cache off under activation
-    checkpointing, so the two do not combine (train.py resolves --share-prompt)."""
-    prompts, prompt_am = ids[::G, :p], am[::G, :p]                                     # (b/G, p)
+    """The logits that predict the response tokens ids[:, p:] (b, t, V), for rows in groups of G
+    with one prompt each, the prompt run once per group: a forward of the b / G prompts that keeps
+    their KV cache, the cache repeated G times, then a forward of the b responses on top of it. The
+    same function as the packed forward of every row (tests/test_logprobs.py checks values and
+    gradients in float64), with the prompt's share of the compute divided by G: GRPO's G completions
+    of a 48-token chat prompt are ~25 tokens each, so the prompt is most of the packed forward.
+    Gradients reach the prompt's positions through the cache. HF turns the cache off under
+    activation checkpointing, so the two do not combine (train.py resolves --share-prompt)."""
+    prompts, prompt_am = ids[::G, :p], am[::G, :p]                          # (b/G, p)
     if not torch.equal(ids[:, :p].view(-1, G, p), prompts[:, None].expand(-1, G, p)):
         raise ValueError(f"rows are not in groups of {G} that share a prompt")
     pos = (prompt_am.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=prompts, attention_mask=prompt_am, position_ids=pos, use_cache=True, logits_to_keep=1)
+    out = model(input_ids=prompts, attention_mask=prompt_am, position_ids=pos, use_cache=True,
+                logits_to_keep=1)
     cache = out.past_key_values
-    cache.batch_repeat_interleave(G)                                                    # (b, heads, p, d) per layer
+    cache.batch_repeat_interleave(G)                                        # (b, h, p, d) per layer
     t = ids.shape[1] - p
-    resp_pos = prompt_am.sum(-1).repeat_interleave(G)[:, None] + torch.arange(t, device=ids.device)  # (b, t)
-    # the last prompt position predicts the first response token; response positions 0..t-2 predict the rest
-    rest = model(input_ids=ids[:, p:], attention_mask=am, position_ids=resp_pos, past_key_values=cache,
-                 logits_to_keep=t).logits[:, :-1]                                       # (b, t-1, V)
-    return torch.cat([out.logits.repeat_interleave(G, 0), rest], 1)                     # (b, t, V)
+    resp_pos = (prompt_am.sum(-1).repeat_interleave(G)[:, None]
+                + torch.arange(t, device=ids.device))                       # (b, t)
+    # the last prompt position predicts the first response token; positions 0..t-2 the rest
+    rest = model(input_ids=ids[:, p:], attention_mask=am, position_ids=resp_pos,
+                 past_key_values=cache, logits_to_keep=t).logits[:, :-1]  # (b, t-1, V)
+    return torch.cat([out.logits.repeat_interleave(G, 0), rest], 1)         # (b, t, V)
 
 
 # --- the log-prob of the sampled token, one float32 chunk at a time ---
 
 def entropy_from_logits(logits):
-    """H = logsumexp(z) − Σ softmax(z)·z over the last dim, in float32 (the plain reference; full-size temporaries)."""
+    """H = logsumexp(z) − Σ softmax(z)·z over the last dim, in float32: the plain reference, with
+    full-size temporaries."""
     z = logits.float() if logits.dtype != torch.float64 else logits
     return torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
 
 
 class _TokenLogprob(torch.autograd.Function):
-    """log softmax(z)[target] over chunks of positions. Saves only the caller's logits (no copy), the log-normaliser
-    and the targets; the backward rebuilds softmax chunk by chunk and writes the gradient in the logits' dtype."""
+    """log softmax(z)[target] over chunks of positions. Saves only the caller's logits (no copy),
+    the log-normaliser and the targets; the backward rebuilds softmax chunk by chunk and writes the
+    gradient in the logits' dtype."""
 
     @staticmethod
-    def forward(ctx, logits, targets, chunk_size, with_entropy, temperature):  # logits (B, T, V), targets (B, T)
+    def forward(ctx, logits, targets, chunk_size, with_entropy, temperature):
+        # logits (B, T, V), targets (B, T)
         cdtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         B, T, _ = logits.shape
-        logp = torch.empty(B, T, dtype=cdtype, device=logits.device)         # (B, T)
-        lse = torch.empty_like(logp)                                         # (B, T)
+        logp = torch.empty(B, T, dtype=cdtype, device=logits.device)    # (B, T)
+        lse = torch.empty_like(logp)                                    # (B, T)
         ent = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
         for s in range(0, T, chunk_size):
-            z = logits[:, s:s + chunk_size].to(cdtype)                       # (B, c, V) the only fp32 vocab tensor
+            z = logits[:, s:s + chunk_size].to(cdtype)                  # (B, c, V) the fp32 chunk
             if temperature != 1.0:
-                z = z / temperature                                          # (B, c, V) after the upcast
-            lse[:, s:s + chunk_size] = lse_c = torch.logsumexp(z, -1)        # (B, c)
-            logp[:, s:s + chunk_size] = z.gather(-1, targets[:, s:s + chunk_size, None]).squeeze(-1) - lse_c
+                z = z / temperature                                     # (B, c, V) after the upcast
+            lse[:, s:s + chunk_size] = lse_c = torch.logsumexp(z, -1)   # (B, c)
+            logp[:, s:s + chunk_size] = z.gather(
+                -1, targets[:, s:s + chunk_size, None]).squeeze(-1) - lse_c  # (B, c)
             if with_entropy:
                 ent[:, s:s + chunk_size] = lse_c - (torch.exp(z - lse_c[..., None]) * z).sum(-1)
         ctx.save_for_backward(logits, targets, lse)
@@ -175,37 +192,35 @@ class _TokenLogprob(torch.autograd.Function):
         return logp, ent
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_ent):                                 # grad_logp (B, T)
+    def backward(ctx, grad_logp, _grad_ent):                            # grad_logp (B, T)
         logits, targets, lse = ctx.saved_tensors
-        grad = torch.empty_like(logits)                                      # (B, T, V) in the logits' dtype
+        grad = torch.empty_like(logits)                                 # (B, T, V), logits' dtype
         c, temp = ctx.chunk_size, ctx.temperature
         for s in range(0, logits.shape[1], c):
-            g = grad_logp[:, s:s + c, None].to(lse.dtype) / temp             # (B, c, 1) d(z/T)/dz = 1/T
-            d = logits[:, s:s + c].to(lse.dtype, copy=True)                  # (B, c, V) the one fp32 chunk
+            g = grad_logp[:, s:s + c, None].to(lse.dtype) / temp        # (B, c, 1) d(z/T)/dz = 1/T
+            d = logits[:, s:s + c].to(lse.dtype, copy=True)             # (B, c, V) the fp32 chunk
             if temp != 1.0:
                 d.div_(temp)
-            d.sub_(lse[:, s:s + c, None]).exp_().mul_(-g)                    # −g·softmax, in place
-            d.scatter_add_(-1, targets[:, s:s + c, None], g)                 # + g at the target
+            d.sub_(lse[:, s:s + c, None]).exp_().mul_(-g)               # −g·softmax, in place
+            d.scatter_add_(-1, targets[:, s:s + c, None], g)            # + g at the target
             grad[:, s:s + c] = d
         return grad, None, None, None, None
 
 
 def token_logprobs(logits, targets, *, chunk_size=64, with_entropy=False, temperature=1.0):
-    """log softmax(logits / temperature)[target] from logits (B, T, V) of any float dtype -> (B, T) float32
-    (float64 for float64 logits).
+    """log softmax(logits / temperature)[target] from logits (B, T, V) of any float dtype -> (B, T)
+    float32 (float64 for float64 logits), differentiable w.r.t. logits.
 
-    Differentiable w.r.t. logits. The naive `logits.float().log_softmax(-1).gather(...)` holds a float32 copy of the
-    logits plus the float32 log_softmax that autograd keeps for backward (8 bytes per logit on top of the bf16 logits,
-    12 with the backward); here only a (B, chunk_size, V) float32 chunk exists at a time, forward and backward, and
-    the gradient is written straight in the logits' dtype. benchmarks/bench_logprob_memory.py measures the peak on
-    CPU at (8, 1024, V ≤ 32768) bf16 and extrapolates linearly in V to (8, 1024, 151936) (Qwen2.5's vocabulary; the
-    bf16 logits alone are 2.49 GB), extra = peak minus the logits:
-        naive          forward  9.96 GB   forward+backward 14.96 GB
-        chunked (64)   forward  0.65 GB   forward+backward  3.00 GB  (2.49 GB of it is the bf16 gradient itself)
-    `chunk_size` is in sequence positions (a chunk has B·chunk_size·V float32 elements: 0.31 GB above).
-    `with_entropy=True` also returns the entropy (B, T), computed in the same pass, without gradient (a diagnostic;
-    the paper has no entropy bonus). `temperature` divides each chunk after its upcast: dividing bf16 logits first
-    would round z/T to bf16 (an error of up to 2^-9·|z/T|, ~0.05 nats at |z/T| = 25) and copy the whole (B, T, V).
+    The naive `logits.float().log_softmax(-1).gather(...)` holds a float32 copy of the logits plus
+    the float32 log_softmax that autograd keeps for backward (8 bytes per logit on top of the bf16
+    logits, 12 with the backward); here only a (B, chunk_size, V) float32 chunk exists at a time,
+    forward and backward, and the gradient is written straight in the logits' dtype (the peaks:
+    docs/benchmarks.md, benchmarks/bench_logprob_memory.py). `chunk_size` is in sequence positions
+    (a chunk has B·chunk_size·V float32 elements). `with_entropy=True` also returns the entropy
+    (B, T), computed in the same pass, without gradient (a diagnostic; the paper has no entropy
+    bonus). `temperature` divides each chunk after its upcast: dividing the bf16 logits first would
+    round z/T to bf16 (error up to 2^-9·|z/T|, ~0.05 nats at |z/T| = 25) and copy all (B, T, V).
     """
-    logp, ent = _TokenLogprob.apply(logits, targets.long(), int(chunk_size), bool(with_entropy), float(temperature))
+    logp, ent = _TokenLogprob.apply(logits, targets.long(), int(chunk_size), bool(with_entropy),
+                                    float(temperature))
     return (logp, ent) if with_entropy else logp

@@ -1,17 +1,22 @@
-"""The policy being trained: loaded once and sharded with FSDP2, and the optimizer steps of one rollout.
+"""The policy being trained: loaded once and sharded with FSDP2; the optimizer steps of a rollout.
 
-`build_model` is the FSDP2 recipe of the pytorch/examples FSDP2 example and torchtitan: `fully_shard` each decoder
-layer, then the root. `micro_batch_loss` is the objective of docs/paper.md §3 (arXiv 2603.04918, Eq. 3 with the
-band of Theorem 1) on one micro-batch; `update_policy` is the accumulation loop around it: mini-batches (one
-optimizer step each), micro-batches (gradient accumulation), normalisers counted over the whole mini-batch and all
-ranks so that the accumulated loss is exactly the mini-batch's, gradient clipping, and the skip of a non-finite
-step. Mixed precision (--train-dtype bfloat16): bf16 compute, fp32 master weights, AdamW state and reductions.
+`build_model` is the FSDP2 recipe of the pytorch/examples FSDP2 example and torchtitan:
+`fully_shard` each decoder layer, then the root. `micro_batch_loss` is the objective of
+docs/paper.md §3 (the BandPO objective of arXiv 2603.04918, with the band of Theorem 1) on one
+micro-batch; `update_policy` is the accumulation loop around it: mini-batches (one optimizer step
+each), micro-batches (gradient accumulation), normalisers counted over the whole mini-batch and all
+ranks so that the accumulated loss is exactly the mini-batch's, gradient clipping, and the skip of a
+non-finite step. Mixed precision (--train-dtype bfloat16): bf16 compute; fp32 master weights, AdamW
+state and reductions.
 
-    model = build_model(cfg, device)                         # cfg from train.resolve_config, under a process group
+    model = build_model(cfg, device)  # cfg from train.resolve_config, under a process group
     sums, skipped, grad_norm = update_policy(model, optimizer, cfg, batch, advantages, old_logp)
 
-Tests: tests/test_policy.py (the accumulation identity, on-policy = off-policy with a fresh π_old, the skip),
-tests/test_train_steps.py and tests/fsdp_step.py via tests/test_train.py (2 ranks = 1 rank on one global batch).
+Tests: tests/test_policy.py (the build against from_pretrained, bf16 compute on fp32 master weights,
+packed log-probs against an unpadded forward per row, on-policy = off-policy with a fresh π_old, the
+batch-shape check, token-budget and shared-prompt updates against plain ones); tests/test_train.py
+(the skip of a non-finite mini-batch; 2 ranks = 1 rank on one global batch via tests/fsdp_step.py);
+tests/test_grpo.py (the accumulation identity of the loss).
 """
 import os
 
@@ -27,26 +32,30 @@ import grpo
 from logprobs import sequence_logprobs
 
 
-# --- the model ---------------------------------------------------------------------------------------------------
+# --- the model -----------------------------------------------------------------------------------
 def update_memory(model_config, tokens, dtype_bytes):
-    """Bytes an update needs on one device without activation checkpointing, roughly: what each decoder layer keeps
-    for its backward, ~ (8 h + 4 i) values per token (the two norms, q k v, attention output, residuals; gate, up,
-    act(gate)·up), times layers and the micro-batch's tokens, plus 16 bytes per parameter (fp32 weights, gradients
-    and the two AdamW moments; sharding would divide these, which the estimate ignores)."""
-    h, i, n = model_config.hidden_size, model_config.intermediate_size, model_config.num_hidden_layers
-    params = model_config.vocab_size * h * (1 if model_config.tie_word_embeddings else 2) + n * (4 * h * h + 3 * h * i)
+    """Bytes an update needs on one device without activation checkpointing, roughly: what each
+    decoder layer keeps for its backward, ~ (8 h + 4 i) values per token (the two norms, q k v,
+    attention output, residuals; gate, up, act(gate)·up), times layers and the micro-batch's tokens,
+    plus 16 bytes per parameter (fp32 weights, gradients and the two AdamW moments; sharding would
+    divide these, which the estimate ignores)."""
+    h, i, n = (model_config.hidden_size, model_config.intermediate_size,
+               model_config.num_hidden_layers)
+    params = (model_config.vocab_size * h * (1 if model_config.tie_word_embeddings else 2)
+              + n * (4 * h * h + 3 * h * i))
     return tokens * n * (8 * h + 4 * i) * dtype_bytes + 16 * params
 
 
 def grad_checkpointing_default(model_config, tokens, dtype_bytes, free_bytes):
-    """Recompute activations in the backward (--grad-checkpointing unset) only where the update would not fit in
-    half the memory free on the device (`update_memory`): recomputation costs a third more FLOPs, so it is worth
-    it only for memory. The tiny model never needs it; SmolLM2 on a 24 GB CPU at the default shape does not."""
+    """Recompute activations in the backward (--grad-checkpointing unset) only where the update
+    would not fit in half the memory free on the device (`update_memory`): recomputation costs a
+    third more FLOPs, so it is worth it only for memory. The tiny model never needs it; SmolLM2 on a
+    24 GB CPU at the default shape does not."""
     return update_memory(model_config, tokens, dtype_bytes) > free_bytes / 2
 
 
 def free_memory(device_type):
-    """Bytes free for one rank: the GPU's free memory, or on CPU the available RAM shared by this node's ranks."""
+    """Bytes free for one rank: the GPU's free memory, or on CPU the available RAM / local ranks."""
     if device_type == "cuda":
         return torch.cuda.mem_get_info()[0]
     with open("/proc/meminfo") as f:
@@ -55,88 +64,101 @@ def free_memory(device_type):
 
 
 def make_optimizer(model, cfg):
-    """AdamW on the fp32 master weights. fused=True: one kernel per parameter group instead of foreach's lists of
-    full-size temporaries (another copy of the weights, transiently, on top of the two moment buffers)."""
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
+    """AdamW on the fp32 master weights. fused=True: one kernel per parameter group instead of
+    foreach's lists of full-size temporaries (another copy of the weights, transiently, on top of
+    the two moment buffers)."""
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                             fused=True)
 
 
 def build_model(cfg, device, trainable=True):
     """Load a causal LM once and shard it with FSDP2: fully_shard each decoder layer, then the root.
 
-    Every rank builds the model on the meta device, shards it and allocates only its own shards; rank 0 alone reads
-    the checkpoint and set_model_state_dict(broadcast_from_rank0=True) sends each tensor to the others (loading the
-    full fp32 model on every rank would cost a 7B model 28 GB per GPU). Non-persistent buffers (the rotary inverse
-    frequencies) are in no checkpoint: they are built for real and put back after to_empty.
-    cfg.train_dtype and cfg.grad_checkpointing are taken as train.resolve_config decided them."""
+    Every rank builds the model on the meta device, shards it and allocates only its own shards;
+    rank 0 alone reads the checkpoint and set_model_state_dict(broadcast_from_rank0=True) sends each
+    tensor to the others (loading the full fp32 model on every rank would cost a 7B model 28 GB per
+    GPU). Non-persistent buffers (the rotary inverse frequencies) are in no checkpoint: they are
+    built for real and put back after to_empty. cfg.train_dtype and cfg.grad_checkpointing are
+    taken as train.resolve_config decided them."""
     if cfg.train_dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"build_model needs a resolved --train-dtype (float32 or bfloat16), got {cfg.train_dtype!r}")
+        raise ValueError(f"build_model needs a resolved --train-dtype (float32 or bfloat16), "
+                         f"got {cfg.train_dtype!r}")
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.model), dtype=torch.float32)
-    model.tie_weights()  # from_config does not tie (from_pretrained would): lm_head = embed_tokens when configured
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.model),
+                                                 dtype=torch.float32)
+    # from_config does not tie (from_pretrained would): lm_head = embed_tokens when configured
+    model.tie_weights()
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     if trainable and cfg.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-    # bf16 compute (parameters cast when FSDP gathers them, bf16 activations and logits), fp32 master weights,
-    # AdamW state and gradient reduction, on GPU and on CPU alike
+    # bf16 compute (parameters cast when FSDP gathers them, bf16 activations and logits), fp32
+    # master weights, AdamW state and gradient reduction, on GPU and on CPU alike
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if cfg.train_dtype == "bfloat16" else MixedPrecisionPolicy()
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    model.to_empty(device=device)  # this rank's shards, uninitialised: the broadcast below fills them
+    model.to_empty(device=device)  # this rank's shards, uninitialised: the broadcast fills them
     for name, b in model.named_buffers():
         b.copy_(buffers[name])
     full = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).state_dict() \
         if dist.get_rank() == 0 else {}
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
+                                                               broadcast_from_rank0=True))
     del full
-    if model.config.tie_word_embeddings:  # to_empty swaps DTensor parameters in place: the tie must survive it
-        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight, "lm_head lost its tie"
+    # to_empty swaps DTensor parameters in place: the tie must survive it
+    if model.config.tie_word_embeddings:
+        assert (model.get_output_embeddings().weight
+                is model.get_input_embeddings().weight), "lm_head lost its tie"
     model.train(trainable)
     model.requires_grad_(trainable)
     return model
 
 
-# --- the batch's shape -------------------------------------------------------------------------------------------
+# --- the batch's shape ---------------------------------------------------------------------------
 def on_policy(cfg):
-    """One optimizer step per rollout: π_old is π_θ before the step, so the old log-probs are the update's own
-    forward, detached (ratio exactly 1), and the separate no-grad pass is skipped (as TRL and verl)."""
+    """One optimizer step per rollout: π_old is π_θ before the step, so the old log-probs are the
+    update's own forward, detached (ratio exactly 1), and the separate no-grad pass is skipped (as
+    TRL and verl do)."""
     return cfg.prompts_per_step == cfg.mini_batch_prompts
 
 
 def check_batch_shape(cfg, world):
-    """Every rank gets the same whole number of prompts, and its rows split exactly into the mini-batches: a shape
-    that does not would silently train on part of the batch (4 prompts x G=3 over 2 ranks in 4 mini-batches:
-    6 rows per rank, 4 mini-batches of 1 row = 4 of 6 rows trained on)."""
+    """Every rank gets the same whole number of prompts, and its rows split exactly into the
+    mini-batches: a shape that does not would silently train on part of the batch (4 prompts x G=3
+    over 2 ranks in 4 mini-batches: 6 rows per rank, 4 mini-batches of 1 row, 4 of 6 rows)."""
     n_prompts, per_mini = cfg.prompts_per_step, cfg.mini_batch_prompts
     if n_prompts % per_mini:
-        raise ValueError(f"--prompts-per-step {n_prompts} is not a multiple of --mini-batch-prompts {per_mini}")
+        raise ValueError(f"--prompts-per-step {n_prompts} is not a multiple of "
+                         f"--mini-batch-prompts {per_mini}")
     if n_prompts % world:
         raise ValueError(f"--prompts-per-step {n_prompts} is not divisible by the {world} ranks")
     rows, n_mini = n_prompts // world * cfg.group_size, n_prompts // per_mini
     if rows % n_mini:
-        raise ValueError(f"each rank's {rows} rows (--prompts-per-step {n_prompts} / {world} ranks x --group-size "
-                         f"{cfg.group_size}) do not split into {n_mini} mini-batches (--prompts-per-step / "
-                         f"--mini-batch-prompts); choose --mini-batch-prompts so that they do")
+        raise ValueError(f"each rank's {rows} rows (--prompts-per-step {n_prompts} / {world} "
+                         f"ranks x --group-size {cfg.group_size}) do not split into {n_mini} "
+                         f"mini-batches (--prompts-per-step / --mini-batch-prompts); choose "
+                         f"--mini-batch-prompts so that they do")
 
 
 def mini_batches(n_rows, cfg):
-    """This rank's rows of each optimizer step: prompts_per_step / mini_batch_prompts equal slices (exact:
-    check_batch_shape)."""
+    """This rank's rows of each optimizer step: prompts_per_step / mini_batch_prompts equal slices
+    (exact, by check_batch_shape)."""
     n_mini = cfg.prompts_per_step // cfg.mini_batch_prompts
     per_mini = n_rows // n_mini
     return [slice(m * per_mini, (m + 1) * per_mini) for m in range(n_mini)]
 
 
 def micro_batches(rows, cfg, spans):
-    """The micro-batches (gradient accumulation) of one mini-batch `rows` (a slice of this rank's rows): slices of
-    micro_batch_size rows in rollout order, or, with --micro-batch-tokens N, lists of row indices sorted by length
-    (longest first) and cut so that each micro-batch's padded size — (its longest prompt + its longest response)
-    x its rows — is at most N (a row longer than N alone is a micro-batch of one). Sorting puts rows of like length
-    together, so a long response no longer makes its neighbours pay its length. The old-log-prob pass runs the
-    same micro-batches as the update, so both run the same shapes: with bf16 kernels, other shapes would round
-    differently and the first mini-batch's ratio would not be exactly 1."""
+    """The micro-batches (gradient accumulation) of one mini-batch `rows` (a slice of this rank's
+    rows): slices of micro_batch_size rows in rollout order, or, with --micro-batch-tokens N, lists
+    of row indices sorted by length (longest first) and cut so that each micro-batch's padded size —
+    (its longest prompt + its longest response) x its rows — is at most N (a row longer than N alone
+    is a micro-batch of one). Sorting puts rows of like length together, so a long response no
+    longer makes its neighbours pay its length. The old-log-prob pass runs the same micro-batches as
+    the update, so both run the same shapes: with bf16 kernels, other shapes would round differently
+    and the first mini-batch's ratio would not be exactly 1."""
     if not cfg.micro_batch_tokens:
         return [slice(i, min(i + cfg.micro_batch_size, rows.stop))
                 for i in range(rows.start, rows.stop, cfg.micro_batch_size)]
@@ -156,19 +178,19 @@ def micro_batches(rows, cfg, spans):
 
 def _forward(model, mb, cfg, with_entropy=False):
     """log π (and the entropy) of one micro-batch's response tokens: (b, T) each."""
-    return sequence_logprobs(model, mb.input_ids, mb.attn, mb.n_prompt, len(mb), cfg.temperature, with_entropy,
-                             mb.spans, cfg.group_size if cfg.share_prompt else 0)
+    return sequence_logprobs(model, mb.input_ids, mb.attn, mb.n_prompt, len(mb), cfg.temperature,
+                             with_entropy, mb.spans, cfg.group_size if cfg.share_prompt else 0)
 
 
 @torch.no_grad()
 def batch_logprobs(model, cfg, batch, with_entropy=False):
-    """π_old (or π_ref) of all this rank's rows, without gradient, through the update's own micro-batches.
-    -> (logp (B, T), entropy (B, T) or None), in the batch's row order."""
-    logp = torch.zeros_like(batch.mask)                                            # (B, T)
+    """π_old (or π_ref) of all this rank's rows, without gradient, through the update's own
+    micro-batches. -> (logp (B, T), entropy (B, T) or None), in the batch's row order."""
+    logp = torch.zeros_like(batch.mask)                              # (B, T)
     entropy = torch.zeros_like(batch.mask) if with_entropy else None
     for rows in mini_batches(len(batch), cfg):
         for mb in micro_batches(rows, cfg, batch.spans):
-            lp, ent = _forward(model, batch[mb], cfg, with_entropy)                 # (b, T)
+            lp, ent = _forward(model, batch[mb], cfg, with_entropy)   # (b, T)
             logp[mb] = lp
             if with_entropy:
                 entropy[mb] = ent
@@ -176,12 +198,13 @@ def batch_logprobs(model, cfg, batch, with_entropy=False):
 
 
 def old_policy_sums(old_logp, entropy, engine_logp, mask, cfg):
-    """Diagnostics of π_old on the sampled tokens, as sums (grpo.finalize_metrics makes the rates): the entropy, and
-    the engine's view of the same distribution. |engine log-prob − trainer log-prob| is rollout/logprob_diff (TRL:
-    sampling/sampling_logp_difference): a gap means mismatched temperature, stale weights or rounding (bf16). The
-    ratio r = exp(trainer − engine) a trainer would see if it took the engine's log-probs as π_old is counted where
-    it leaves [0.9, 1.1] and where it leaves the band of the engine's log-prob: what rounding alone would clip."""
-    r = torch.exp(old_logp - engine_logp)                                               # (B, T)
+    """Diagnostics of π_old on the sampled tokens, as sums (grpo.finalize_metrics makes the rates):
+    the entropy, and the engine's view of the same distribution. |engine log-prob − trainer
+    log-prob| is rollout/logprob_diff (TRL: sampling/sampling_logp_difference): a gap means
+    mismatched temperature, stale weights or rounding (bf16). The ratio r = exp(trainer − engine)
+    that a trainer taking the engine's log-probs as π_old would see is counted where it leaves
+    [0.9, 1.1] and where it leaves the band of the engine's log-prob (what rounding alone clips)."""
+    r = torch.exp(old_logp - engine_logp)                            # (B, T)
     lower, upper = _bounds(engine_logp.clamp(max=0.0), cfg)
     return {"sum_entropy": (entropy * mask).sum(),
             "sum_logprob_diff": ((engine_logp - old_logp).abs() * mask).sum(),
@@ -190,79 +213,92 @@ def old_policy_sums(old_logp, entropy, engine_logp, mask, cfg):
 
 
 def _bounds(old_logp, cfg):
-    return band.ratio_bounds(old_logp, cfg.method, delta=cfg.delta, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-                             max_ratio=cfg.max_ratio)
+    return band.ratio_bounds(old_logp, cfg.method, delta=cfg.delta, eps_low=cfg.eps_low,
+                             eps_high=cfg.eps_high, max_ratio=cfg.max_ratio)
 
 
-# --- the objective ------------------------------------------------------------------------------------------------
+# --- the objective -------------------------------------------------------------------------------
 def micro_batch_loss(model, mb, cfg, advantages, old_logp, ref_logp, norm, with_entropy=False):
-    """The objective of docs/paper.md §3 on one micro-batch: log π_θ, the band [lower, upper] around π_old, the
-    clipped surrogate (weighted by the rollout importance correction, if on) and the KL to the reference, each
-    aggregated by the whole mini-batch's normaliser `norm`. old_logp None: π_old is this forward's own log-probs,
-    detached (on-policy: the ratio is exactly 1). -> (loss, diagnostics' sums, logp (b, T), entropy or None)."""
-    logp, entropy = _forward(model, mb, cfg, with_entropy)                       # (b, T)
-    old = logp.detach() if old_logp is None else old_logp                         # (b, T) π_old
-    lower, upper = _bounds(old, cfg)                                              # (b, T) the band
-    weights, is_sums = grpo.rollout_is_weights(old, mb.engine_logp, mb.mask, cfg.rollout_is, cfg.rollout_is_max,
-                                               cfg.rollout_is_min)                # (b, T) or None
-    loss, sums = grpo.policy_loss(logp, old, advantages, mb.mask, lower, upper, clip_c=cfg.clip_c, agg=cfg.agg,
-                                  weights=weights, **norm)
-    if ref_logp is not None:  # aggregated like the policy loss (the authors' recipe), not a token mean
-        kl = grpo.kl_penalty(logp, ref_logp, cfg.kl_kind)                          # (b, T)
+    """The objective of docs/paper.md §3 on one micro-batch: log π_θ, the band [lower, upper]
+    around π_old, the clipped surrogate (weighted by the rollout importance correction, if on) and
+    the KL to the reference, each aggregated by the whole mini-batch's normaliser `norm`.
+    old_logp None: π_old is this forward's own log-probs, detached (on-policy: the ratio is exactly
+    1). -> (loss, diagnostics' sums, logp (b, T), entropy or None)."""
+    logp, entropy = _forward(model, mb, cfg, with_entropy)              # (b, T)
+    old = logp.detach() if old_logp is None else old_logp                # (b, T) π_old
+    lower, upper = _bounds(old, cfg)                                     # (b, T) the band
+    weights, is_sums = grpo.rollout_is_weights(old, mb.engine_logp, mb.mask, cfg.rollout_is,
+                                               cfg.rollout_is_max,
+                                               cfg.rollout_is_min)     # (b, T) or None
+    loss, sums = grpo.policy_loss(logp, old, advantages, mb.mask, lower, upper, clip_c=cfg.clip_c,
+                                  agg=cfg.agg, weights=weights, **norm)
+    if ref_logp is not None:  # aggregated like the policy loss, as the authors do: no token mean
+        kl = grpo.kl_penalty(logp, ref_logp, cfg.kl_kind)                # (b, T)
         loss = loss + cfg.kl_coef * grpo.aggregate(kl, mb.mask, cfg.agg, **norm)
         sums["sum_kl_ref"] = (kl.detach() * mb.mask).sum().double()
     return loss, {**sums, **is_sums}, logp, entropy
 
 
 def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=None):
-    """The optimizer steps of one rollout: this rank's rows split into mini-batches, each into micro-batches.
+    """The optimizer steps of one rollout: this rank's rows in mini-batches, each in micro-batches.
 
-    Mini-batch m is rows [m·B/M, (m+1)·B/M) of every rank. Each micro-batch's loss is divided by the mini-batch's
-    *global* sequence (or token) count, so summing over micro-batches and ranks gives exactly the mini-batch's loss
-    (dividing by each micro-batch's own count weights short micro-batches wrongly: the known accumulation bug).
-    FSDP2 averages gradients over ranks, hence the factor world size on the loss.
-    old_logp: π_old of every row (B, T): the trainer's recomputation, or the engine's log-probs (--old-logp engine);
-    None when on_policy(cfg) with --old-logp trainer. Without a separate trainer pass (None, or the engine's) the
-    entropy and rollout/logprob_diff are measured in this forward, each mini-batch's before its optimizer step. The first mini-batch runs before any optimizer step, so its ratio must be exactly 1:
-    Σ|r − 1| over its tokens is logged (ratio/first_abs_dev); it is 0 only if both passes ran the same kernels.
-    Host syncs: one per mini-batch (the skip decision). -> (sums, skipped updates, last grad norm)."""
+    Mini-batch m is rows [m·B/M, (m+1)·B/M) of every rank. Each micro-batch's loss is divided by the
+    mini-batch's *global* sequence (or token) count, so the sum over micro-batches and ranks is
+    exactly the mini-batch's loss (grpo.policy_loss says why). FSDP2 averages gradients over ranks,
+    hence the factor world size on the loss.
+
+    old_logp: π_old of every row (B, T), the trainer's recomputation or the engine's log-probs
+    (--old-logp engine); None when on_policy(cfg) with --old-logp trainer. Without a separate
+    trainer pass (None, or the engine's) the entropy and rollout/logprob_diff are measured in this
+    forward, each mini-batch's before its optimizer step. The first mini-batch runs before any
+    optimizer step, so its ratio must be exactly 1: Σ|r − 1| over its tokens is logged
+    (ratio/first_abs_dev), 0 only if both passes ran the same kernels.
+    Host syncs: one per mini-batch (the skip decision). -> (sums, skipped updates, last grad norm).
+    """
     if old_logp is None and not on_policy(cfg):
-        raise ValueError("old_logp is required when a rollout feeds several mini-batches (off-policy)")
+        raise ValueError("old_logp is required when a rollout feeds several mini-batches "
+                         "(off-policy)")
     world, device = dist.get_world_size(), batch.input_ids.device
     sums, skipped, grad_norm = {}, 0, torch.tensor(0.0)
 
     def add(new):  # sums add up, max_* keys keep the largest
         for k, v in new.items():
-            sums[k] = v if k not in sums else torch.maximum(sums[k], v) if k.startswith("max_") else sums[k] + v
+            sums[k] = (v if k not in sums else torch.maximum(sums[k], v) if k.startswith("max_")
+                       else sums[k] + v)
 
-    measured_here = old_logp is None or cfg.old_logp == "engine"  # no trainer pass before: diagnostics from here
+    # no trainer pass before: the diagnostics come from here
+    measured_here = old_logp is None or cfg.old_logp == "engine"
     for m, rows in enumerate(mini_batches(len(batch), cfg)):
         n_tokens = batch.mask[rows].sum()  # (), summed over ranks below: the global normaliser Z
         dist.all_reduce(n_tokens)
-        norm = dict(num_tokens=n_tokens, num_seqs=float((rows.stop - rows.start) * world), max_len=cfg.max_new_tokens)
+        norm = dict(num_tokens=n_tokens, num_seqs=float((rows.stop - rows.start) * world),
+                    max_len=cfg.max_new_tokens)
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float64, device=device)
         for rows_mb in micro_batches(rows, cfg, batch.spans):
             mb = batch[rows_mb]
             old = None if old_logp is None else old_logp[rows_mb]
             ref = None if ref_logp is None else ref_logp[rows_mb]
-            loss, mets, logp, entropy = micro_batch_loss(model, mb, cfg, advantages[rows_mb], old, ref, norm,
-                                                         with_entropy=measured_here)
+            loss, mets, logp, entropy = micro_batch_loss(model, mb, cfg, advantages[rows_mb], old,
+                                                         ref, norm, with_entropy=measured_here)
             old = logp.detach() if old is None else old
             if measured_here:
                 engine = mb.engine_logp if mb.engine_logp is not None else old
                 mets.update(old_policy_sums(logp.detach(), entropy, engine, mb.mask, cfg))
-            if m == 0:  # before any optimizer step of this rollout: r = 1 exactly, or the two passes differ
-                mets["sum_first_abs_dev"] = ((logp.detach() - old).exp().sub(1).abs() * mb.mask).sum().double()
+            # before any optimizer step of this rollout: r = 1 exactly, or the two passes differ
+            if m == 0:
+                mets["sum_first_abs_dev"] = ((logp.detach() - old).exp().sub(1).abs()
+                                             * mb.mask).sum().double()
                 mets["n_first_tokens"] = mb.mask.sum().double()
             (loss * world).backward()
             total += loss.detach()
-            mets["sum_loss"] = loss.detach().double()  # summed over micro-batches and ranks = the mini-batch loss
+            # summed over micro-batches and ranks: the mini-batch loss
+            mets["sum_loss"] = loss.detach().double()
             add(mets)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        # A NaN loss can still have finite gradients (clamp passes none through a NaN), so both are checked; the
-        # verdict is summed over ranks and the norm is global, so every rank takes the same branch.
+        # A NaN loss can still have finite gradients (clamp passes none through a NaN), so both are
+        # checked; the verdict is summed over ranks and the norm is global: all ranks branch alike.
         bad = (~torch.isfinite(total)).double() + (~torch.isfinite(grad_norm)).double()
         dist.all_reduce(bad)
         if bad.item() == 0:  # the one host sync of the mini-batch
@@ -271,7 +307,8 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
             skipped += 1
             optimizer.zero_grad(set_to_none=True)
             if dist.get_rank() == 0:
-                print(f"non-finite loss/gradient in mini-batch {m} (loss {total.item()}): update skipped", flush=True)
+                print(f"non-finite loss/gradient in mini-batch {m} (loss {total.item()}): "
+                      "update skipped", flush=True)
     # rank-wide decisions, counted on rank 0 only so that the sum over ranks counts each once
     lead = float(dist.get_rank() == 0)
     add({"n_minibatches": lead * (m + 1), "n_skipped": lead * skipped})

@@ -1,30 +1,25 @@
-"""BandPO / GRPO training with FSDP2: `torchrun --nproc_per_node 2 train.py --method bandkl --delta 0.05`.
+"""BandPO / GRPO training with FSDP2: `torchrun --nproc_per_node 2 train.py --method bandkl`.
 
-The objective of docs/paper.md §3 (arXiv 2603.04918): GRPO group advantages, the clipped surrogate with per-token
-bounds [r̲(p), r̄(p)] from band.ratio_bounds, dual clip c = 10, "seq-mean-token-mean" aggregation, optional
-low-variance KL to a frozen reference. One step, top to bottom in `main`:
+The objective of docs/paper.md §3 (the BandPO objective of arXiv 2603.04918): GRPO group advantages,
+the clipped surrogate with per-token bounds [r̲(p), r̄(p)] from band.ratio_bounds, dual clip c = 10,
+"seq-mean-token-mean" aggregation, an optional low-variance KL to a frozen reference. One step, top
+to bottom in `main`: prompts -> rollout of G completions each (vLLM or HF) -> rewards -> advantages
+-> old and reference log-probs -> mini-batch updates (policy.update_policy) -> weight sync into the
+engine -> metrics -> eval -> checkpoint. Log-probs are those of the distribution the engine sampled
+from, softmax(logits / temperature) (so --top-p must be 1); with one mini-batch per rollout the
+update is on-policy (policy.on_policy) and the old-log-prob pass is skipped, as in TRL and verl.
 
-    sample prompts -> rollout G completions each (vLLM or HF) -> rewards -> group advantages
-    -> old log-probs recomputed by the trainer (no grad; the engine's are only compared: rollout/logprob_diff)
-    -> reference log-probs (if kl_coef > 0) -> mini-batch updates (policy.update_policy) -> weight sync into the
-    engine -> metrics -> eval -> checkpoint
-
-Log-probs are those of the distribution the engine sampled from: logits / temperature, full softmax (so --top-p
-must be 1). With one mini-batch per rollout the update is on-policy (policy.on_policy): π_old is the update's own
-forward, detached, and the extra no-grad pass is skipped (as TRL and verl do). Compute is bf16 where the hardware
-has it (CUDA, or a CPU with AVX512-BF16/AMX), with fp32 master weights and optimizer state (--train-dtype).
-
-    torchrun --nproc_per_node 2 train.py --method bandkl --delta 0.05    # the embedded tiny model, a few minutes
+    torchrun --nproc_per_node 2 train.py --method bandkl --delta 0.05  # the tiny model, minutes
     torchrun --nproc_per_node 2 train.py --method clip --out-dir runs/grpo
-    torchrun --nproc_per_node 2 train.py --resume runs/grpo              # continue from the last checkpoint
-    python train.py --max-steps 5                                        # one process: the same program
-    python train.py --help                                               # every Config field is a flag
+    torchrun --nproc_per_node 2 train.py --resume runs/grpo            # from its last checkpoint
+    python train.py --max-steps 5                                      # one process: same program
+    python train.py --help                                             # every Config field a flag
 
 Departures from the authors' verl recipe, on purpose (docs/design.md has the rest):
-- Rollout and training alternate on the same ranks (colocated), one vLLM engine per rank with TP = 1.
-- The paper's batch is 256 prompts x 16 samples in mini-batches of 64 prompts (4 optimizer steps per rollout);
-  the tiny default keeps that ratio smaller: 32 prompts x 8 samples, mini-batches of 8. recipes/ has the paper's.
-- The tiny default uses lr 1e-4 (not 1e-6) and no KL term: a 0.7 M-parameter model needs larger steps.
+- Rollout and training alternate on the same ranks (colocated), one vLLM engine per rank, TP = 1.
+- The paper's batch is 256 prompts x 16 samples in mini-batches of 64 prompts, 4 optimizer steps
+  per rollout; the tiny default keeps the 4 steps with 32 x 8 (recipes/paper.sh has the paper's).
+- The tiny default uses lr 1e-4 (not 1e-6) and no KL: a 0.7 M-parameter model needs larger steps.
 """
 
 import argparse
@@ -54,35 +49,37 @@ import eval as evaluation
 import grpo
 import reward
 import rollout
-from checkpoint import export_hf, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from checkpoint import (export_hf, latest_checkpoint, load_checkpoint, prune_checkpoints,
+                        save_checkpoint)
 from logprobs import pack
-from policy import (batch_logprobs, build_model, check_batch_shape, free_memory, grad_checkpointing_default,
-                    make_optimizer, old_policy_sums, on_policy, update_memory, update_policy)
+from policy import (batch_logprobs, build_model, check_batch_shape, free_memory,
+                    grad_checkpointing_default, make_optimizer, old_policy_sums, on_policy,
+                    update_memory, update_policy)
 from precision import resolve_dtype
 
 
 @dataclass
 class Config:
     # --- method (docs/paper.md §2-3) ---
-    method: str = "bandkl"            # band.BOUNDS: clip, clip-higher, noclip, dcpo, bandkl, bandtv, bandchi2, ...
-    delta: float = 0.05               # f-divergence radius of the Band trust region (not TRL's ratio cap)
-    eps_low: Optional[float] = None   # clip/dcpo lower epsilon; unset = the method's published one (band.EPS)
-    eps_high: Optional[float] = None  # clip/dcpo upper epsilon; unset = the method's published one (band.EPS)
+    method: str = "bandkl"            # band.BOUNDS: clip, clip-higher, noclip, dcpo, bandkl, ...
+    delta: float = 0.05               # f-divergence radius of the Band (not TRL's ratio cap)
+    eps_low: Optional[float] = None   # clip/dcpo lower epsilon; unset = the method's (band.EPS)
+    eps_high: Optional[float] = None  # clip/dcpo upper epsilon; unset = the method's (band.EPS)
     max_ratio: float = 10.0           # cap on the upper ratio bound (the authors' upper_bound_max)
     clip_c: Optional[float] = 10.0    # dual-clip constant c for negative advantages; 0 turns it off
-    agg: str = "seq-mean-token-mean"  # loss aggregation (grpo.policy_loss); the paper's is seq-mean-token-mean
-    norm_by_std: bool = True          # GRPO's std normalisation of advantages (False: Dr. GRPO mean-centring)
+    agg: str = "seq-mean-token-mean"  # loss aggregation (grpo.AGG_MODES); default: the paper's
+    norm_by_std: bool = True          # GRPO's std-normalised advantages (False: Dr. GRPO's)
     kl_coef: float = 0.0              # KL-to-reference coefficient (paper: 0.001 with low_var_kl)
     kl_kind: str = "low_var_kl"       # grpo.kl_penalty kind: k1, k2, k3, low_var_kl
     # --- the engine is not the trainer (docs/design.md) ---
-    old_logp: str = "trainer"         # π_old: trainer (recomputed, the paper) or engine (its sampling log-probs)
-    rollout_is: str = "none"          # importance correction of the engine's sampling (grpo.rollout_is_weights)
+    old_logp: str = "trainer"         # π_old: trainer (recomputed, the paper) or engine log-probs
+    rollout_is: str = "none"          # correction of the engine's sampling, grpo.rollout_is_weights
     rollout_is_max: float = 3.0       # its upper cap on ρ (TRL's vllm_importance_sampling_clip_max)
     rollout_is_min: float = 0.0       # its lower bound on ρ; 0 = none (ρ > 0)
     # --- model and data ---
-    model: str = ""                   # HF id or local path; "" = the embedded tiny model (rollout.DEFAULT_MODEL)
-    data: str = ""                    # data.load names or paths, comma separated; "" = the tiny model's own task
-    eval_data: str = ""               # held-out sets, comma separated; "" = the test split of --data
+    model: str = ""                   # HF id or local path; "" = the tiny rollout.DEFAULT_MODEL
+    data: str = ""                    # data.load names or paths, comma-separated; "" = model's task
+    eval_data: str = ""               # held-out sets, comma-separated; "" = --data's test split
     reward: str = "math-verify"       # reward.score_batch scorer: math-verify or dapo
     reward_correct: float = 1.0       # reward of a correct final answer
     reward_incorrect: float = 0.0     # reward of a wrong or missing final answer (paper: -1)
@@ -91,42 +88,44 @@ class Config:
     group_size: int = 8               # completions per prompt, G (paper: 16)
     mini_batch_prompts: int = 8       # prompts per optimizer step (paper: 64)
     micro_batch_size: int = 64        # sequences per forward/backward on one rank
-    micro_batch_tokens: int = 0       # instead: rows sorted by length, <= N padded tokens per micro-batch; 0 = off
+    micro_batch_tokens: int = 0       # or rows sorted by length, <= N padded tokens each; 0 = off
     max_prompt_len: int = 64          # prompts longer than this (tokens) are dropped (paper: 1024)
     max_new_tokens: int = 16          # response length limit (paper: 4096)
-    temperature: float = 1.0          # rollout temperature; log-probs use logits / temperature (paper: 1.0)
-    top_p: float = 1.0                # rollout top-p; training needs 1.0 (the log-probs are of the full softmax)
+    temperature: float = 1.0          # rollout temperature; log-probs use logits / T (paper: 1.0)
+    top_p: float = 1.0                # rollout top-p; training needs 1.0 (log-probs: full softmax)
     # --- optimisation ---
     lr: float = 1e-4                  # AdamW learning rate, constant (paper: 1e-6)
     weight_decay: float = 0.0         # AdamW weight decay
     grad_clip: float = 1.0            # global grad-norm clip
     max_steps: int = 60               # rollout steps
-    grad_checkpointing: Optional[bool] = None  # recompute activations in the backward; unset = decided at start
-    share_prompt: bool = False        # run each prompt once for its G completions (its KV cache); no checkpointing
-    train_dtype: str = "auto"         # compute dtype (master weights stay fp32): auto = bf16 where native, else fp32
+    grad_checkpointing: Optional[bool] = None  # recompute activations; unset = decided by memory
+    share_prompt: bool = False        # run each prompt once for its G completions; no checkpointing
+    train_dtype: str = "auto"         # compute dtype, fp32 master weights: auto = bf16 where native
     # --- engines, logging, checkpoints ---
     rollout: str = "auto"             # rollout engine: vllm, hf, auto (vLLM when importable)
-    rollout_dtype: str = "auto"       # engine weights: auto = as --train-dtype's auto; float32, bfloat16
-    gpu_memory_utilization: float = 0.5  # GPU share of the vLLM engine (weights + KV cache); it sleeps in updates
-    verbose: bool = False             # also show vLLM's INFO logs (or set VLLM_LOGGING_LEVEL yourself)
-    eval_every: int = 10              # evaluate every k steps (and at step 0 and the end); 0 = never
+    rollout_dtype: str = "auto"       # engine weights: auto (as --train-dtype), float32, bfloat16
+    gpu_memory_utilization: float = 0.5  # vLLM's GPU share (weights, KV cache); sleeps in updates
+    verbose: bool = False             # also show vLLM's INFO logs (or set VLLM_LOGGING_LEVEL)
+    eval_every: int = 10              # evaluate every k steps, at step 0 and at the end; 0 = never
     eval_n: int = 4                   # samples per held-out prompt (paper: 32) -> mean@n, pass@k
     eval_prompts: int = 128           # held-out prompts per evaluation (0 = all)
-    save_every: int = 20              # checkpoint every k steps (and at the end); 0 = only at the end
-    keep_checkpoints: int = 0         # keep only the newest k checkpoints (a real model's is ~12 bytes/param); 0 = all
+    save_every: int = 20              # checkpoint every k steps and at the end; 0 = only at the end
+    keep_checkpoints: int = 0         # keep the newest k checkpoints (~12 B/param each); 0 = all
     out_dir: str = ""                 # run directory; "" = runs/<timestamp>-<method>
     resume: str = ""                  # run directory (or checkpoint) to continue from
-    seed: int = 0                     # seeds data order, sampling and initialisation of everything random
+    seed: int = 0                     # seeds data order, sampling and everything else random
     wandb: str = ""                   # wandb project name; "" = off
     export_hf: bool = True            # save_pretrained the final model into <out_dir>/hf
 
 
 def parse_config(argv=None):
-    """argparse over dataclasses.fields(Config): every field is a flag (`--delta 0.05`, `--no-export-hf`)."""
+    """argparse over dataclasses.fields(Config): every field is a flag (`--delta 0.05`,
+    `--no-export-hf`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
-        kind = next((t for t in typing.get_args(f.type) if t is not type(None)), f.type)  # Optional[X] -> X
+        # Optional[X] -> X
+        kind = next((t for t in typing.get_args(f.type) if t is not type(None)), f.type)
         if kind is bool:  # --x / --no-x; unset keeps the default (None: decided in resolve_config)
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
@@ -135,55 +134,67 @@ def parse_config(argv=None):
 
 
 def resolve_config(cfg):
-    """Fill every default that depends on something else (the method's epsilons, the dtypes, activation
-    checkpointing, the run directory), once, and check every field. Raises ValueError naming the value."""
+    """Fill every default that depends on something else (the method's epsilons, the dtypes,
+    activation checkpointing, the run directory), once, and check every field. Raises ValueError
+    naming the value."""
     if cfg.method not in band.BOUNDS:
-        raise ValueError(f"unknown --method {cfg.method!r}; valid: {', '.join(sorted(band.BOUNDS))}")
+        raise ValueError(f"unknown --method {cfg.method!r}; "
+                         f"valid: {', '.join(sorted(band.BOUNDS))}")
     if not (cfg.delta > 0 and math.isfinite(cfg.delta)):
         raise ValueError(f"--delta must be a finite number > 0, got {cfg.delta}")
     if cfg.old_logp not in ("trainer", "engine"):
         raise ValueError(f"unknown --old-logp {cfg.old_logp!r}; valid: trainer, engine")
     if cfg.rollout_is not in grpo.IS_MODES:
-        raise ValueError(f"unknown --rollout-is {cfg.rollout_is!r}; valid: {', '.join(grpo.IS_MODES)}")
+        raise ValueError(f"unknown --rollout-is {cfg.rollout_is!r}; "
+                         f"valid: {', '.join(grpo.IS_MODES)}")
     if cfg.rollout_is != "none" and cfg.old_logp == "engine":
-        raise ValueError(f"--rollout-is {cfg.rollout_is} with --old-logp engine: π_old is the engine's own "
-                         f"probability there, so every weight would be 1; use --old-logp trainer")
+        raise ValueError(f"--rollout-is {cfg.rollout_is} with --old-logp engine: π_old is the "
+                         f"engine's own probability there, so every weight would be 1; use "
+                         f"--old-logp trainer")
     if not 0 <= cfg.rollout_is_min < 1 < cfg.rollout_is_max:
-        raise ValueError(f"need 0 <= --rollout-is-min < 1 < --rollout-is-max, got {cfg.rollout_is_min}, "
-                         f"{cfg.rollout_is_max}")
+        raise ValueError(f"need 0 <= --rollout-is-min < 1 < --rollout-is-max, "
+                         f"got {cfg.rollout_is_min}, {cfg.rollout_is_max}")
     if cfg.micro_batch_tokens < 0 or (cfg.micro_batch_tokens and cfg.share_prompt):
-        raise ValueError(f"--micro-batch-tokens must be >= 0 (0 = off) and cannot be combined with --share-prompt "
-                         f"(whose micro-batches are whole groups), got {cfg.micro_batch_tokens}")
+        raise ValueError(f"--micro-batch-tokens must be >= 0 (0 = off) and cannot be combined with "
+                         f"--share-prompt (whose micro-batches are whole groups), "
+                         f"got {cfg.micro_batch_tokens}")
     if cfg.agg not in grpo.AGG_MODES:
         raise ValueError(f"unknown --agg {cfg.agg!r}; valid: {', '.join(grpo.AGG_MODES)}")
     if cfg.rollout not in ("auto", "vllm", "hf"):
         raise ValueError(f"unknown --rollout {cfg.rollout!r}; valid: auto, vllm, hf")
     if cfg.train_dtype not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"unknown --train-dtype {cfg.train_dtype!r}; valid: auto, float32, bfloat16")
+        raise ValueError(f"unknown --train-dtype {cfg.train_dtype!r}; "
+                         f"valid: auto, float32, bfloat16")
     if cfg.rollout_dtype not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"unknown --rollout-dtype {cfg.rollout_dtype!r}; valid: auto, float32, bfloat16")
+        raise ValueError(f"unknown --rollout-dtype {cfg.rollout_dtype!r}; "
+                         f"valid: auto, float32, bfloat16")
     if cfg.wandb and importlib.util.find_spec("wandb") is None:
         raise ValueError(f"--wandb {cfg.wandb!r} needs the wandb package: pip install wandb")
     if not 0 < cfg.gpu_memory_utilization < 1:
-        raise ValueError(f"--gpu-memory-utilization must be in (0, 1), got {cfg.gpu_memory_utilization}")
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1), "
+                         f"got {cfg.gpu_memory_utilization}")
     if not (cfg.temperature > 0 and math.isfinite(cfg.temperature)):
-        raise ValueError(f"--temperature must be > 0 for training (log-probs divide the logits by it), "
-                         f"got {cfg.temperature}")
-    if cfg.top_p != 1.0:  # π_old would be the truncated distribution, which the trainer's log-probs are not
-        raise ValueError(f"--top-p must be 1.0 for training: the trainer's log-probs are those of the full softmax, "
-                         f"got {cfg.top_p}")
+        raise ValueError(f"--temperature must be > 0 for training (log-probs divide the logits by "
+                         f"it), got {cfg.temperature}")
+    # π_old would be the truncated distribution, which the trainer's log-probs are not
+    if cfg.top_p != 1.0:
+        raise ValueError(f"--top-p must be 1.0 for training: the trainer's log-probs are those of "
+                         f"the full softmax, got {cfg.top_p}")
     model = cfg.model or rollout.DEFAULT_MODEL
     if not os.path.isdir(model) and (model.startswith((".", "/", "~")) or model.count("/") != 1):
-        raise ValueError(f"--model {model!r}: no such directory, and not a Hugging Face id of the form org/name")
+        raise ValueError(f"--model {model!r}: no such directory, and not a Hugging Face id of the "
+                         f"form org/name")
     task = cfg.data or data.model_task(model)
     if not task:
-        raise ValueError(f"--data is required: the model {model!r} does not name the task it was built for")
+        raise ValueError(f"--data is required: the model {model!r} does not name the task it "
+                         f"was built for")
     for name in [*data.split_names(task), *data.split_names(cfg.eval_data)]:
         data.check_name(name)
     if cfg.group_size < 2:
         raise ValueError(f"--group-size must be >= 2 for group advantages, got {cfg.group_size}")
     if cfg.keep_checkpoints < 0:
-        raise ValueError(f"--keep-checkpoints must be >= 0 (0 keeps all), got {cfg.keep_checkpoints}")
+        raise ValueError(f"--keep-checkpoints must be >= 0 (0 keeps all), "
+                         f"got {cfg.keep_checkpoints}")
     out_dir = cfg.out_dir
     if cfg.resume:  # a resumed run continues in its own directory
         if not os.path.isfile(os.path.join(cfg.resume, "config.json")):
@@ -195,22 +206,26 @@ def resolve_config(cfg):
     recompute = cfg.grad_checkpointing
     if recompute is None:  # by memory: the update's estimate against what the device has free
         train_dtype = resolve_dtype(cfg.train_dtype)
-        recompute = grad_checkpointing_default(AutoConfig.from_pretrained(model), micro_batch_tokens(cfg),
-                                               2 if train_dtype == "bfloat16" else 4, free_memory(device_type()))
-    # the shared-prompt forward needs the prompt's KV cache, which HF drops under activation checkpointing, and
-    # micro-batches of whole groups
+        recompute = grad_checkpointing_default(AutoConfig.from_pretrained(model),
+                                               micro_batch_tokens(cfg),
+                                               2 if train_dtype == "bfloat16" else 4,
+                                               free_memory(device_type()))
+    # the shared-prompt forward needs the prompt's KV cache, which HF drops under activation
+    # checkpointing, and micro-batches of whole groups
     if cfg.share_prompt and (recompute or cfg.micro_batch_size % cfg.group_size):
-        raise ValueError(f"--share-prompt needs --no-grad-checkpointing (HF drops the KV cache under checkpointing) "
-                         f"and --micro-batch-size a multiple of --group-size; got grad checkpointing {recompute}, "
-                         f"micro-batch {cfg.micro_batch_size}, group size {cfg.group_size}")
+        raise ValueError(f"--share-prompt needs --no-grad-checkpointing (HF drops the KV cache "
+                         f"under checkpointing) and --micro-batch-size a multiple of --group-size; "
+                         f"got grad checkpointing {recompute}, micro-batch {cfg.micro_batch_size}, "
+                         f"group size {cfg.group_size}")
     return method_defaults(dataclasses.replace(
         cfg, model=model, data=task, out_dir=out_dir, grad_checkpointing=recompute,
         train_dtype=resolve_dtype(cfg.train_dtype), rollout_dtype=resolve_dtype(cfg.rollout_dtype)))
 
 
 def micro_batch_tokens(cfg):
-    """The most padded tokens one micro-batch can hold: the token budget, or micro-batch rows x the longest row."""
-    return cfg.micro_batch_tokens or cfg.micro_batch_size * (cfg.max_prompt_len + cfg.max_new_tokens)
+    """The most padded tokens a micro-batch can hold: the token budget, or rows x longest row."""
+    return (cfg.micro_batch_tokens
+            or cfg.micro_batch_size * (cfg.max_prompt_len + cfg.max_new_tokens))
 
 
 def device_type():
@@ -218,15 +233,16 @@ def device_type():
 
 
 def method_defaults(cfg):
-    """The method's published epsilons where unset (band.EPS; None for methods without), no dual clip where
-    --clip-c <= 0."""
+    """The method's published epsilons where unset (band.EPS; None for methods without), no dual
+    clip where --clip-c <= 0."""
     eps_low, eps_high = band.EPS.get(cfg.method, (None, None))
     return dataclasses.replace(cfg, eps_low=eps_low if cfg.eps_low is None else cfg.eps_low,
                                eps_high=eps_high if cfg.eps_high is None else cfg.eps_high,
-                               clip_c=cfg.clip_c if cfg.clip_c is not None and cfg.clip_c > 0 else None)
+                               clip_c=(cfg.clip_c if cfg.clip_c is not None and cfg.clip_c > 0
+                                       else None))
 
 
-# --- distributed: a few explicit lines, the same path for 1 and N processes ---------------------------------------
+# --- distributed: a few explicit lines, the same path for 1 and N processes ----------------------
 RANK = int(os.environ.get("RANK", 0))
 WORLD = int(os.environ.get("WORLD_SIZE", 1))
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
@@ -238,9 +254,9 @@ def print0(*args, **kwargs):
 
 
 def init_distributed():
-    """One process group for 1 or N processes. `python train.py` is the same program as torchrun with one process:
-    the variables torchrun would set are set here (vLLM's SPMD executor reads RANK and LOCAL_RANK itself), with a
-    free port for the rendezvous."""
+    """One process group for 1 or N processes. `python train.py` is the same program as torchrun
+    with one process: the variables torchrun would set are set here (vLLM's SPMD executor reads RANK
+    and LOCAL_RANK itself), with a free port for the rendezvous."""
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
@@ -268,19 +284,20 @@ def peak_rss_gb():
 
 
 def all_reduce_sums(sums, device):
-    """Sum a dict of scalars (numbers or 0-dim tensors) over ranks, `max_*` keys by their maximum: one collective and
-    one host sync for the sums (and one more for the maxima, when there are any)."""
+    """Sum a dict of scalars (numbers or 0-dim tensors) over ranks, `max_*` keys by their maximum:
+    one collective and one host sync for the sums (one more for the maxima, if any)."""
     out = {}
     for op, keys in ((dist.ReduceOp.SUM, sorted(k for k in sums if not k.startswith("max_"))),
                      (dist.ReduceOp.MAX, sorted(k for k in sums if k.startswith("max_")))):
         if keys:
-            vec = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64, device=device) for k in keys])
+            vec = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64, device=device)
+                               for k in keys])
             dist.all_reduce(vec, op=op)
             out.update(zip(keys, vec.tolist()))
     return out
 
 
-# --- data order: a seeded permutation per epoch, so the position in the stream is just an index ------------------
+# --- data order: a seeded permutation per epoch, so the position in the stream is an index -------
 def prompt_batch(records, step, cfg):
     """The global prompts of `step` (all ranks), then this rank's contiguous share."""
     P, N = cfg.prompts_per_step, len(records)
@@ -288,33 +305,37 @@ def prompt_batch(records, step, cfg):
     for i in range(step * P, (step + 1) * P):
         epoch, j = divmod(i, N)
         if epoch not in perms:
-            perms[epoch] = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch))
+            perms[epoch] = torch.randperm(
+                N, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch))
         out.append(records[perms[epoch][j]])
     per_rank = P // WORLD
     return out[RANK * per_rank:(RANK + 1) * per_rank]
 
 
-# --- evaluation: mean@n and pass@k on held-out prompts, sharded over ranks ---------------------------------------
+# --- evaluation: mean@n and pass@k on held-out prompts, sharded over ranks -----------------------
 EVAL_SEED_OFFSET = 1 << 40  # evaluation's sampling seeds never coincide with a training rollout's
 
 
 def validate(engine, tokenizer, eval_sets, cfg, step):
-    sampling = rollout.Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+    sampling = rollout.Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
+                                max_new_tokens=cfg.max_new_tokens,
                                 seed=cfg.seed * 7919 + step * WORLD + RANK + EVAL_SEED_OFFSET)
     shards = {name: recs[RANK::WORLD] for name, recs in eval_sets.items()}
     local = evaluation.evaluate(engine, tokenizer, shards, n=cfg.eval_n, sampling=sampling,
-                                max_prompt_len=cfg.max_prompt_len, progress=False, scorer=cfg.reward)
+                                max_prompt_len=cfg.max_prompt_len, progress=False,
+                                scorer=cfg.reward)
     gathered = [None] * WORLD
     dist.all_gather_object(gathered, {name: r["correct_counts"] for name, r in local.items()})
     return {f"eval/{name}/{key}": value for name in eval_sets
-            for key, value in evaluation.summarize([c for g in gathered for c in g[name]], cfg.eval_n).items()}
+            for key, value in evaluation.summarize([c for g in gathered for c in g[name]],
+                                                   cfg.eval_n).items()}
 
 
-# --- the run: its directory, metrics file and console ------------------------------------------------------------
+# --- the run: its directory, metrics file and console --------------------------------------------
 def load_run_config(argv):
-    """The Config that will run: the flags, or a resumed run's saved settings (its own, except the length of the
-    run, where it goes, and --keep-checkpoints when given), checked against this world size. Raises ValueError /
-    OSError naming the value."""
+    """The Config that will run: the flags, or a resumed run's saved settings (its own, except the
+    length of the run, where it goes, and --keep-checkpoints when given), checked against this world
+    size. Raises ValueError / OSError naming the value."""
     cfg = resolve_config(parse_config(argv))
     if cfg.resume:
         with open(os.path.join(cfg.out_dir, "config.json")) as f:
@@ -322,15 +343,16 @@ def load_run_config(argv):
         # a config saved when -1 meant "the method's eps" reads as unset
         saved.update({k: None for k in ("eps_low", "eps_high") if (saved.get(k) or 0) < 0})
         own = method_defaults(Config(**saved))
-        cfg = dataclasses.replace(own, max_steps=cfg.max_steps, resume=cfg.resume, out_dir=cfg.out_dir,
+        cfg = dataclasses.replace(own, max_steps=cfg.max_steps, resume=cfg.resume,
+                                  out_dir=cfg.out_dir,
                                   keep_checkpoints=cfg.keep_checkpoints or own.keep_checkpoints)
-    check_batch_shape(cfg, WORLD)  # the shape that will run: a resumed run's own, on this world size
+    check_batch_shape(cfg, WORLD)  # the shape that will run: a resumed run's own, on this world
     return cfg
 
 
 def open_run(cfg, start_step):
-    """Rank 0: write config.json, drop metrics lines written after the checkpoint we resume from (atomically), open
-    metrics.jsonl for appending and start wandb if asked. Other ranks: (None, None)."""
+    """Rank 0: write config.json, drop metrics lines written after the checkpoint we resume from
+    (atomically), open metrics.jsonl for appending, start wandb if asked. Others: (None, None)."""
     if RANK != 0:
         return None, None
     os.makedirs(cfg.out_dir, exist_ok=True)
@@ -351,39 +373,44 @@ def open_run(cfg, start_step):
 
 
 def timing_metrics(times, n_tokens):
-    """The phase times {name: (start, end)}, response tokens per second and peak memory (rates of the step's sums
-    are grpo.finalize_metrics')."""
+    """The phase times {name: (start, end)}, response tokens per second and peak memory (rates of
+    the step's sums are grpo.finalize_metrics')."""
     metrics = {f"time/{name}": end - start for name, (start, end) in times.items()}
     metrics["tokens_per_s"] = n_tokens / metrics["time/step"]
-    metrics["memory/peak_rss_gb"] = peak_rss_gb()  # rank 0's process: trainer + its colocated engine
+    metrics["memory/peak_rss_gb"] = peak_rss_gb()  # rank 0's process: trainer + colocated engine
     if torch.cuda.is_available():
         metrics["memory/peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 2**30
     return metrics
 
 
 def console_line(metrics, cfg):
-    acc = next((f" | eval {v:.3f}" for k, v in metrics.items() if k.endswith(f"mean@{cfg.eval_n}")), "")
-    return (f"step {metrics['step']} | reward {metrics['reward/mean']:.3f} | entropy {metrics['entropy']:.3f} | "
+    acc = next((f" | eval {v:.3f}" for k, v in metrics.items()
+                if k.endswith(f"mean@{cfg.eval_n}")), "")
+    return (f"step {metrics['step']} | reward {metrics['reward/mean']:.3f} | "
+            f"entropy {metrics['entropy']:.3f} | "
             f"clip {metrics['clip/frac']:.3f} (hi {metrics['clip/frac_upper']:.3f}) | "
             f"low-p hi {metrics['clip/low_p_upper_rate']:.3f}{acc} | {metrics['time/step']:.1f} s")
 
 
 def main(argv=None):
-    # --- configuration: every error here is one line and exit code 2, before any process group or engine ---
+    # --- configuration: every error is one line and exit code 2, before any process group ---
     try:
         cfg = load_run_config(argv)
-        # the synthetic task is unlimited: a fixed 100k problems, so the data order does not depend on --max-steps
+        # the synthetic task is unlimited: a fixed 100k problems, so the data order does not
+        # depend on --max-steps
         train_records = [r for name in data.split_names(cfg.data) for r in data.load(
-            name, split="train", seed=cfg.seed, n=100_000 if name.startswith("arithmetic") else None)]
+            name, split="train", seed=cfg.seed,
+            n=100_000 if name.startswith("arithmetic") else None)]
         eval_names = data.split_names(cfg.eval_data) or data.split_names(cfg.data)
-        eval_sets = {n: data.load(n, split="test", n=cfg.eval_prompts or None, seed=0) for n in eval_names}
+        eval_sets = {n: data.load(n, split="test", n=cfg.eval_prompts or None, seed=0)
+                     for n in eval_names}
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)
 
-    # A quiet console: the start-up summary, one line per step, the bar, and warnings that matter. vLLM logs ~6 INFO
-    # lines per weight sync; --verbose (or VLLM_LOGGING_LEVEL=INFO) brings them back. Set before vLLM is imported
-    # (rollout imports it when the engine is built).
+    # A quiet console: the start-up summary, one line per step, the bar, and warnings that matter.
+    # vLLM logs ~6 INFO lines per weight sync; --verbose (or VLLM_LOGGING_LEVEL=INFO) brings them
+    # back. Set before vLLM is imported (rollout imports it when the engine is built).
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if cfg.verbose else "WARNING")
     transformers.utils.logging.disable_progress_bar()
     if not cfg.verbose:
@@ -393,35 +420,41 @@ def main(argv=None):
     model = build_model(cfg, device)
     ref_model = build_model(cfg, device, trainable=False) if cfg.kl_coef > 0 else None
     optimizer = make_optimizer(model, cfg)
-    # the engine before the checkpoint: vLLM reseeds the global RNGs when it starts, the checkpoint restores them
+    # the engine before the checkpoint: vLLM reseeds the global RNGs when it starts, the
+    # checkpoint restores them
     engine = rollout.make_engine(cfg.rollout, cfg.model, tokenizer=tokenizer, seed=cfg.seed + RANK,
-                                 dtype=cfg.rollout_dtype, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                 dtype=cfg.rollout_dtype,
+                                 gpu_memory_utilization=cfg.gpu_memory_utilization,
                                  max_model_len=cfg.max_prompt_len + cfg.max_new_tokens)
-    torch.manual_seed(cfg.seed + RANK)  # after the engine, which reseeds the global RNGs when it starts
+    torch.manual_seed(cfg.seed + RANK)  # after the engine, which reseeds the global RNGs at start
     random.seed(cfg.seed + RANK)
     start_step = 0
     ckpt = latest_checkpoint(cfg.out_dir) if cfg.resume else None
     if ckpt:
         start_step = load_checkpoint(ckpt, model, optimizer)
         print0(f"resumed from {ckpt} at step {start_step}")
-    rollout.sync_weights(engine, model)  # after a resume the engine must start from the checkpoint's weights
+    rollout.sync_weights(engine, model)  # after a resume: the engine starts from the checkpoint
 
     prompt_ids, kept, dropped = data.tokenize_prompts(train_records, tokenizer, cfg.max_prompt_len)
     train_records = [dict(r, prompt_ids=ids) for r, ids in zip(kept, prompt_ids)]
-    print0(f"train prompts: {len(train_records)} ({dropped} dropped as longer than {cfg.max_prompt_len} tokens)")
+    print0(f"train prompts: {len(train_records)} ({dropped} dropped as longer than "
+           f"{cfg.max_prompt_len} tokens)")
     log, wandb_run = open_run(cfg, start_step)
-    print0(f"run dir {cfg.out_dir} | {WORLD} rank(s) on {device.type} | engine {type(engine).__name__} | "
-           f"method {cfg.method} delta {cfg.delta} | {cfg.train_dtype} trainer, {cfg.rollout_dtype} engine | "
+    print0(f"run dir {cfg.out_dir} | {WORLD} rank(s) on {device.type} | "
+           f"engine {type(engine).__name__} | method {cfg.method} delta {cfg.delta} | "
+           f"{cfg.train_dtype} trainer, {cfg.rollout_dtype} engine | "
            f"grad checkpointing {'on' if cfg.grad_checkpointing else 'off'} (update ~"
            f"{update_memory(model.config, micro_batch_tokens(cfg), 2 if cfg.train_dtype == 'bfloat16' else 4) / 2**30:.1f}"
-           f" GB without, {free_memory(device.type) / 2**30:.0f} GB free) | peak RSS {peak_rss_gb():.1f} GB")
+           f" GB without, {free_memory(device.type) / 2**30:.0f} GB free) | "
+           f"peak RSS {peak_rss_gb():.1f} GB")
 
     if start_step == 0 and cfg.eval_every:
         ev = validate(engine, tokenizer, eval_sets, cfg, 0)
         if log:
             log.write(json.dumps({"step": 0, **ev}) + "\n")
             log.flush()
-        print0("step 0 | " + " | ".join(f"{k} {v:.3f}" for k, v in ev.items() if k.endswith("mean@%d" % cfg.eval_n)))
+        print0("step 0 | " + " | ".join(f"{k} {v:.3f}" for k, v in ev.items()
+                                        if k.endswith("mean@%d" % cfg.eval_n)))
 
     # the bar on a terminal only: in a log file its redraws would interleave with the step lines
     bar = tqdm(range(start_step, cfg.max_steps), initial=start_step, total=cfg.max_steps,
@@ -432,27 +465,31 @@ def main(argv=None):
         # --- rollout ---
         prompts = prompt_batch(train_records, step, cfg)
         prompt_ids = [r["prompt_ids"] for r in prompts]
-        sampling = rollout.Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+        sampling = rollout.Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
+                                    max_new_tokens=cfg.max_new_tokens,
                                     seed=cfg.seed * 1_000_003 + step * WORLD + RANK, logprobs=True)
-        completions = engine.generate(prompt_ids, G, sampling)  # len(prompts) * G, grouped by prompt
-        if (cfg.old_logp == "engine" or cfg.rollout_is != "none") and any(c.logprobs is None for c in completions):
-            raise RuntimeError(f"--old-logp {cfg.old_logp} --rollout-is {cfg.rollout_is} needs the engine's log-probs, "
-                               f"and {type(engine).__name__} returned none")
-        engine.sleep()  # on GPU the engine gives its memory back to the trainer until the weight sync
+        completions = engine.generate(prompt_ids, G, sampling)  # len(prompts) * G, by prompt
+        if ((cfg.old_logp == "engine" or cfg.rollout_is != "none")
+                and any(c.logprobs is None for c in completions)):
+            raise RuntimeError(f"--old-logp {cfg.old_logp} --rollout-is {cfg.rollout_is} needs the "
+                               f"engine's log-probs, and {type(engine).__name__} returned none")
+        engine.sleep()  # on GPU the engine gives its memory to the trainer until the weight sync
         t_rollout = time.time()
 
         # --- rewards and advantages ---
         answers = [prompts[c.prompt_index]["answer"] for c in completions]
-        rewards = torch.tensor(reward.score_batch([c.text for c in completions], answers, scorer=cfg.reward,
-                                                  correct=cfg.reward_correct, incorrect=cfg.reward_incorrect),
+        rewards = torch.tensor(reward.score_batch([c.text for c in completions], answers,
+                                                  scorer=cfg.reward, correct=cfg.reward_correct,
+                                                  incorrect=cfg.reward_incorrect),
                                dtype=torch.float32)  # (B,) with B = len(prompts) * G
-        advantages = grpo.group_advantages(rewards, G, norm_by_std=cfg.norm_by_std).to(device)  # (B,)
+        advantages = grpo.group_advantages(rewards, G,
+                                           norm_by_std=cfg.norm_by_std).to(device)  # (B,)
         stats = {**grpo.group_stats(rewards, G), **grpo.reward_sums(rewards, cfg.reward_correct)}
 
-        # --- old and reference log-probs, recomputed by the trainer (old: only off-policy, see on_policy) ---
+        # --- old and reference log-probs (old: the engine's, or the trainer's when off-policy) ---
         batch = pack(prompt_ids, completions, device)
         old_logp = ref_logp = None
-        if cfg.old_logp == "engine":  # the band is built around the engine's probability: no trainer pass
+        if cfg.old_logp == "engine":  # the band is built around the engine's probability: no pass
             old_logp = batch.engine_logp
         elif not on_policy(cfg):
             old_logp, entropy = batch_logprobs(model, cfg, batch, with_entropy=True)
@@ -462,10 +499,11 @@ def main(argv=None):
         t_logp = time.time()
 
         # --- mini-batch updates ---
-        update_sums, _, grad_norm = update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp)
+        update_sums, _, grad_norm = update_policy(model, optimizer, cfg, batch, advantages,
+                                                  old_logp, ref_logp)
         t_update = time.time()
 
-        # --- weight sync into the rollout engine: weights first, the KV cache once the gathered tensors are gone ---
+        # --- weight sync: weights first, the KV cache once the gathered tensors are freed ---
         engine.wake_up(["weights"])
         rollout.sync_weights(engine, model)
         engine.wake_up(["kv_cache"])
@@ -473,10 +511,11 @@ def main(argv=None):
 
         # --- metrics: sums reduced over ranks, then rates; evaluation; the console line ---
         sums = all_reduce_sums({**stats, **update_sums}, device)
-        times = {"rollout": (t0, t_rollout), "logprobs": (t_rollout, t_logp), "update": (t_logp, t_update),
-                 "sync": (t_update, t_sync), "step": (t0, time.time())}
-        metrics = {"step": step + 1, **grpo.finalize_metrics(sums), **timing_metrics(times, sums["n_tokens"]),
-                   "update/grad_norm": grad_norm}
+        times = {"rollout": (t0, t_rollout), "logprobs": (t_rollout, t_logp),
+                 "update": (t_logp, t_update), "sync": (t_update, t_sync),
+                 "step": (t0, time.time())}
+        metrics = {"step": step + 1, **grpo.finalize_metrics(sums),
+                   **timing_metrics(times, sums["n_tokens"]), "update/grad_norm": grad_norm}
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps):
             metrics.update(validate(engine, tokenizer, eval_sets, cfg, step + 1))
         metrics["time/step"] = time.time() - t0  # with the evaluation
@@ -491,7 +530,8 @@ def main(argv=None):
         if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.max_steps:
             save_checkpoint(cfg.out_dir, step + 1, model, optimizer, cfg)
             if cfg.keep_checkpoints and RANK == 0:
-                try:  # a folder that cannot be deleted costs disk, not the run (the other ranks go on)
+                # a folder that cannot be deleted costs disk, not the run (the other ranks go on)
+                try:
                     prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints)
                 except OSError as e:
                     print0(f"warning: could not delete an old checkpoint: {e}")
@@ -503,7 +543,8 @@ def main(argv=None):
         log.close()
     if wandb_run:
         wandb_run.finish()
-    engine.close()  # after our last collective: vLLM adopted the default process group and tears it down here
+    # after our last collective: vLLM adopted the default process group and tears it down here
+    engine.close()
     if dist.is_initialized():
         dist.destroy_process_group()
 
