@@ -25,10 +25,12 @@ Departures from the authors' verl recipe, on purpose (docs/design.md has the res
 import argparse
 import dataclasses
 import importlib.util
+import inspect
 import json
 import math
 import os
 import random
+import re
 import resource
 import socket
 import sys
@@ -122,14 +124,17 @@ def parse_config(argv=None):
     """argparse over dataclasses.fields(Config): every field is a flag (`--delta 0.05`,
     `--no-export-hf`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # each field's one-line comment in Config's source is its --help text
+    comments = dict(re.findall(r"^    (\w+):.*?#\s*(.+)$", inspect.getsource(Config), re.M))
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         # Optional[X] -> X
         kind = next((t for t in typing.get_args(f.type) if t is not type(None)), f.type)
+        help_text = comments.get(f.name, "").replace("%", "%%")
         if kind is bool:  # --x / --no-x; unset keeps the default (None: decided in resolve_config)
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
         else:
-            parser.add_argument(flag, type=kind, default=f.default)
+            parser.add_argument(flag, type=kind, default=f.default, help=help_text)
     return Config(**vars(parser.parse_args(argv)))
 
 
