@@ -148,6 +148,11 @@ class VLLMEngine:
         # collective_rpc hands it our tensors (even a generator) directly, so sync_weights streams without
         # serialising. Forced, not defaulted: sync_weights relies on it.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # On CUDA the V2 model runner's sampler imports flashinfer unless this is 0 (read in vllm 0.26.0,
+        # v1/sample/ops/topk_topp_sampler.py); a staged vLLM (docs/gpu.md) carries no flashinfer, and vLLM's own
+        # top-k / top-p code serves the same sampling.
+        if importlib.util.find_spec("flashinfer") is None:
+            os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         vllm_logging.configure()
         from vllm import LLM
 

