@@ -42,8 +42,8 @@ tiny-model: venv
 smollm2: venv
 	$(PY) make_smollm2.py
 
-# the GPU check (scripts/gpu_check.py, docs/gpu.md): on the lent GPU machine there is no .venv, and `venv` would try
-# to install vLLM, so no dependency on it; run `bash scripts/gpu_wheels.sh` here first and carry .whl/gpu
+# the GPU check (scripts/gpu_check.py, docs/gpu.md): a GPU machine without network access has no .venv, and `venv`
+# would try to install vLLM, so no dependency on it; stage its wheels first (scripts/gpu_wheels.sh, make gpu-stage)
 GPU_PY := $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 gpu-check:
 	$(GPU_PY) scripts/gpu_check.py --device cuda --out runs/gpu-check

@@ -75,14 +75,16 @@ SMOLLM2_FLAGS = ["--data", "arithmetic-instruct:1,3", "--prompts-per-step", "8",
 SIZES = {  # train: (steps of the first run, of the resumed run, --eval-every, more flags); memory: logits (B, T, V)
     "full": dict(band_n=1 << 24, repeats=5, train=(30, 40, 10, []), train_vllm=(10, 15, 5, []),
                  memory=(2, 4096, 151936),
-                 update=dict(model=QWEN25_1_5B, B=8, P=256, T=4096, micro=4, iters=3),
+                 update=dict(model=QWEN25_1_5B, B=8, P=256, T=4096, micro=4, iters=3,
+                             real=dict(B=32, micro=4, budget=16384)),
                  vllm=dict(prompts=16, n=8, tokens=32, lr=1e-3),
                  engines=dict(model=SMOLLM2, steps=6, flags=SMOLLM2_FLAGS),
                  budgets=dict(tests=60, band=150, train=270, update=150, sleep=60, vllm=150, train_vllm=150,
                               smollm2=210), deadline=570),
     "quick": dict(band_n=1 << 18, repeats=3, train=(1, 2, 1, FAST), train_vllm=(1, 2, 1, FAST),
                   memory=(2, 256, 32768),
-                  update=dict(model=TOY_QWEN, B=4, P=16, T=64, micro=2, iters=2),
+                  update=dict(model=TOY_QWEN, B=4, P=16, T=64, micro=2, iters=2,
+                              real=dict(B=8, micro=2, budget=160)),
                   vllm=dict(prompts=4, n=4, tokens=12, lr=1e-3),
                   engines=dict(model=TINY, steps=1, flags=FAST),
                   # hang guards, not a 10-minute run's shares: on 2 busy cores the sections take 5-10x longer
@@ -380,7 +382,69 @@ def section_update(args, size, out):
            "model_tflops_per_update": flops / 1e12, "achieved_tflops": flops / update_s / 1e12,
            "mfu": round(flops / update_s / (peak * 1e12), 4) if peak else f"none: no bf16 peak known for {name}",
            "peak_memory_gb": round(peak_gb, 2), "skipped_updates": skipped, "first_ratio_abs_dev": first,
-           "logprob_memory": memory}
+           "logprob_memory": memory, "real_lengths": update_at_real_lengths(model, optimizer, conf, U, device, peak)}
+
+
+def update_at_real_lengths(model, optimizer, conf, U, device, peak_tflops):
+    """The update at long-tailed response lengths (seeded Exponential with mean T/4, clipped to [1, T], like the
+    paper's 762 of 4,096): row micro-batches in rollout order against a token budget (rows sorted by length), each
+    with activation checkpointing on and off. Per setting: padded vs real tokens, real tokens/s, MFU on real tokens
+    (model FLOPs of the real tokens only; recomputation not counted), peak memory; "oom" where it does not fit."""
+    import policy
+    import train
+    from logprobs import RolloutBatch
+
+    R, P, T = U["real"]["B"], U["P"], U["T"]
+    g = torch.Generator().manual_seed(1)
+    resp = torch.empty(R).exponential_(4 / T, generator=g).ceil().clamp(1, T).long()          # (R,)
+    ids = torch.randint(0, conf.vocab_size, (R, P + T), generator=g)                            # (R, P+T)
+    attn = torch.cat([torch.ones(R, P, dtype=torch.long), (torch.arange(T) < resp[:, None]).long()], 1)
+    batch = RolloutBatch(ids.to(device), attn.to(device), attn[:, P:].float().to(device), P)
+    adv = torch.randn(R, generator=g).to(device)
+    d, L = conf.hidden_size // conf.num_attention_heads * conf.num_attention_heads, conf.num_hidden_layers
+    n_body = sum(p.numel() for p in model.parameters()) - conf.vocab_size * conf.hidden_size
+    S = P + resp.double()                                                                        # (R,) real lengths
+    flops = float(3 * (2 * n_body * S + 2 * conf.hidden_size * conf.vocab_size * (resp + 1) + 2 * L * S * S * d).sum())
+    real = int(S.sum())
+    out = {"rows": R, "prompt": P, "response_max": T, "response_mean": round(float(resp.double().mean()), 1),
+           "real_tokens": real}
+    for name, budget in (("rows", 0), ("token_budget", U["real"]["budget"])):
+        cfg = train_config(method="bandkl", prompts_per_step=1, mini_batch_prompts=1,
+                           micro_batch_size=U["real"]["micro"], micro_batch_tokens=budget, max_new_tokens=T,
+                           lr=1e-6)
+        padded = sum((max(batch.spans[i][0] for i in idx) + max(batch.spans[i][1] for i in idx)) * len(idx)
+                     for mb in policy.micro_batches(slice(0, R), cfg, batch.spans)
+                     for idx in [range(mb.start, mb.stop) if isinstance(mb, slice) else mb])
+        for ckpt in (True, False):
+            key = f"{name}_{'ckpt' if ckpt else 'no_ckpt'}"
+            if ckpt:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_disable()
+            try:
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats(device)
+                times = []
+                for _ in range(2):  # the first is a warm-up
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    train.update_policy(model, optimizer, dataclasses.replace(cfg, grad_checkpointing=ckpt), batch,
+                                        adv, None)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    times.append(time.perf_counter() - t0)
+                t = times[-1]
+                out[key] = {"padded_tokens": padded, "padded_over_real": round(padded / real, 3),
+                            "update_s": round(t, 3), "real_tokens_per_s": round(real / t, 1),
+                            "mfu_real": round(flops / t / (peak_tflops * 1e12), 4) if peak_tflops else None,
+                            "peak_memory_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+                            if device.type == "cuda" else None}
+            except torch.OutOfMemoryError:
+                out[key] = "oom"
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return out
 
 
 def logprob_memory(device, B, T, V):
