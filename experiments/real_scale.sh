@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The real-model comparison where the clip can act: SmolLM2-135M-Instruct, clip / noclip / bandkl x 3 seeds x 100
+# steps, then the horizon table and the verdicts (docs/results.md, "The real model where the clip binds").
+# Against the earlier SmolLM2 comparison (2 mini-batches, G 8, 32 tokens, no KL), this shape gives the clip room to
+# act: 4 mini-batches per rollout (3 of them off-policy, the paper's recipe), a group of 16 (fewer groups without
+# signal), 64-token responses and the paper's KL term of 0.001.
+#
+#   bash experiments/real_scale.sh                 # all nine runs; JOBS=9 on one GPU (~80 GB), JOBS=1 on a CPU
+#   SEEDS=0 STEPS=30 bash experiments/real_scale.sh  # the CPU-sized version: one seed per arm
+#
+# Runs resume where they stopped (compare.py); a finished protocol re-tabulates. The model must be built first
+# (make smollm2; on a GPU machine without network access: scripts/gpu_stage.py, docs/gpu.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+SEEDS=${SEEDS:-0,1,2}
+STEPS=${STEPS:-100}
+JOBS=${JOBS:-1}
+NAME=${NAME:-real-scale}
+$PY experiments/compare.py --methods clip,noclip,bandkl --bandkl-deltas "" --seeds "$SEEDS" --max-steps "$STEPS" \
+    --nproc 1 --jobs "$JOBS" --runs-dir "runs/$NAME" --results "experiments/results/$NAME" \
+    --figure "figures/${NAME}_compare.png" --title "SmolLM2-135M-Instruct, 4 mini-batches, G 16, 64 tokens, KL 0.001" \
+    -- --model models/smollm2-135m-instruct --data arithmetic-instruct:1,3 --prompts-per-step 8 --group-size 16 \
+    --mini-batch-prompts 2 --micro-batch-size 32 --max-new-tokens 64 --max-prompt-len 64 --lr 2e-5 \
+    --kl-coef 0.001 --no-grad-checkpointing --share-prompt --eval-prompts 64 --eval-n 4 --eval-every 10 \
+    --save-every 10 --keep-checkpoints 1
+$PY experiments/horizon.py "runs/$NAME" --results "experiments/results/$NAME" --figure "figures/${NAME}_horizon.png"
