@@ -6,7 +6,8 @@
 # signal), 64-token responses and the paper's KL term of 0.001.
 #
 #   bash experiments/real_scale.sh                 # all nine runs; JOBS=9 on one GPU (~80 GB), JOBS=1 on a CPU
-#   SEEDS=0 STEPS=30 bash experiments/real_scale.sh  # the CPU-sized version: one seed per arm
+#   SEEDS=0 STEPS=30 bash experiments/real_scale.sh  # one seed per arm
+#   bash experiments/real_scale.sh --prompts-per-step 4 --mini-batch-prompts 1  # train.py flags after the others
 #
 # Runs resume where they stopped (compare.py); a finished protocol re-tabulates. The model must be built first
 # (make smollm2; on a GPU machine without network access: scripts/gpu_stage.py, docs/gpu.md).
@@ -23,5 +24,5 @@ $PY experiments/compare.py --methods clip,noclip,bandkl --bandkl-deltas "" --see
     -- --model models/smollm2-135m-instruct --data arithmetic-instruct:1,3 --prompts-per-step 8 --group-size 16 \
     --mini-batch-prompts 2 --micro-batch-size 32 --max-new-tokens 64 --max-prompt-len 64 --lr 2e-5 \
     --kl-coef 0.001 --no-grad-checkpointing --share-prompt --eval-prompts 64 --eval-n 4 --eval-every 10 \
-    --save-every 10 --keep-checkpoints 1
+    --save-every 10 --keep-checkpoints 1 "$@"
 $PY experiments/horizon.py "runs/$NAME" --results "experiments/results/$NAME" --figure "figures/${NAME}_horizon.png"
