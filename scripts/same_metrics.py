@@ -1,0 +1,52 @@
+"""Are two runs the same? Compares two metrics.jsonl files line by line, timings aside.
+
+A change that should not change what a run computes (a refactor, a reflow) is checked by running the
+same command at both commits with the same seed and comparing the runs' metrics here: every value
+must be equal, bit for bit, except the timings (time/*, memory/*, tokens_per_s), which no two runs
+share. Exit 0 if they are, 1 with the first differences if not.
+
+    python scripts/same_metrics.py runs/a/metrics.jsonl runs/b/metrics.jsonl
+"""
+import argparse
+import json
+import sys
+
+TIMINGS = ("time/", "memory/", "tokens_per_s")
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def compare(a, b):
+    """-> (number of equal values, [(line, key, value in a, value in b)] of every difference).
+    A key in one run's line and not in the other's is a difference (its value None there)."""
+    equal, diffs = 0, []
+    if len(a) != len(b):
+        diffs.append((None, "lines", len(a), len(b)))
+    for i, (x, y) in enumerate(zip(a, b)):
+        for k in sorted(set(x) | set(y)):
+            if k.startswith(TIMINGS):
+                continue
+            if x.get(k, None) == y.get(k, None) and k in x and k in y:
+                equal += 1
+            else:
+                diffs.append((i, k, x.get(k), y.get(k)))
+    return equal, diffs
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("a")
+    p.add_argument("b")
+    args = p.parse_args()
+    equal, diffs = compare(load(args.a), load(args.b))
+    print(f"{equal} values equal, {len(diffs)} different (timings aside)")
+    for line, key, x, y in diffs[:20]:
+        print(f"  line {line}: {key}: {x!r} vs {y!r}")
+    sys.exit(1 if diffs else 0)
+
+
+if __name__ == "__main__":
+    main()
