@@ -281,35 +281,48 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
             ref = None if ref_logp is None else ref_logp[rows_mb]
             loss, mets, logp, entropy = micro_batch_loss(model, mb, cfg, advantages[rows_mb], old,
                                                          ref, norm, with_entropy=measured_here)
-            old = logp.detach() if old is None else old
-            if measured_here:
-                engine = mb.engine_logp if mb.engine_logp is not None else old
-                mets.update(old_policy_sums(logp.detach(), entropy, engine, mb.mask, cfg))
-            # before any optimizer step of this rollout: r = 1 exactly, or the two passes differ
-            if m == 0:
-                mets["sum_first_abs_dev"] = ((logp.detach() - old).exp().sub(1).abs()
-                                             * mb.mask).sum().double()
-                mets["n_first_tokens"] = mb.mask.sum().double()
             (loss * world).backward()
             total += loss.detach()
-            # summed over micro-batches and ranks: the mini-batch loss
-            mets["sum_loss"] = loss.detach().double()
+            mets["sum_loss"] = loss.detach().double()  # over micro-batches and ranks: the loss
             add(mets)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        # A NaN loss can still have finite gradients (clamp passes none through a NaN), so both are
-        # checked; the verdict is summed over ranks and the norm is global: all ranks branch alike.
-        bad = (~torch.isfinite(total)).double() + (~torch.isfinite(grad_norm)).double()
-        dist.all_reduce(bad)
-        if bad.item() == 0:  # the one host sync of the mini-batch
-            optimizer.step()
-        else:  # a non-finite loss or gradient never reaches the weights
-            skipped += 1
-            optimizer.zero_grad(set_to_none=True)
-            if dist.get_rank() == 0:
-                print(f"non-finite loss/gradient in mini-batch {m} (loss {total.item()}): "
-                      "update skipped", flush=True)
+            add(_probe_sums(logp.detach(), old, entropy, mb, cfg, measured_here, first=m == 0))
+        grad_norm, ok = _step(model, optimizer, cfg, total, m)
+        skipped += not ok
     # rank-wide decisions, counted on rank 0 only so that the sum over ranks counts each once
     lead = float(dist.get_rank() == 0)
     add({"n_minibatches": lead * (m + 1), "n_skipped": lead * skipped})
     return sums, skipped, float(grad_norm)
+
+
+def _probe_sums(logp, old, entropy, mb, cfg, measured_here, first):
+    """Diagnostics of one micro-batch's forward: the entropy and engine-vs-trainer sums where no
+    trainer pass measured them before, and on the first mini-batch (before any optimizer step of
+    this rollout) Σ|r − 1|, 0 unless π_old came from other kernels or from the engine."""
+    old = logp if old is None else old
+    sums = {}
+    if measured_here:
+        engine = mb.engine_logp if mb.engine_logp is not None else old
+        sums.update(old_policy_sums(logp, entropy, engine, mb.mask, cfg))
+    if first:
+        sums["sum_first_abs_dev"] = ((logp - old).exp().sub(1).abs() * mb.mask).sum().double()
+        sums["n_first_tokens"] = mb.mask.sum().double()
+    return sums
+
+
+def _step(model, optimizer, cfg, total, m):
+    """Clip the gradient and take the optimizer step, unless the mini-batch's loss `total` or the
+    gradient is not finite: a NaN loss can still have finite gradients (clamp passes none through
+    a NaN), so both are checked; the verdict is summed over ranks and the norm is global, so all
+    ranks branch alike. One host sync. -> (grad norm, whether the step was taken)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    bad = (~torch.isfinite(total)).double() + (~torch.isfinite(grad_norm)).double()
+    dist.all_reduce(bad)
+    if bad.item() == 0:
+        optimizer.step()
+        return grad_norm, True
+    optimizer.zero_grad(set_to_none=True)  # a non-finite loss or gradient never reaches the weights
+    if dist.get_rank() == 0:
+        print(f"non-finite loss/gradient in mini-batch {m} (loss {total.item()}): update skipped",
+              flush=True)
+    return grad_norm, False
