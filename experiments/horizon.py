@@ -29,7 +29,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import ONE_SEED, clip_counts, entropy_control, mean_std, plot_seeds, verdicts  # noqa: E402
+from compare import (ONE_SEED, clip_counts, entropy_control, mean_std, one_seed_check,  # noqa: E402
+                     plot_seeds, verdicts)
 
 WINDOW = 10      # steps in a trailing mean (per-step metrics come from 256 completions: noisy one by one)
 LAST_EVALS = 3   # evaluations averaged into the final accuracy
@@ -279,7 +280,7 @@ def main():
              for config, runs_ in series_by_config.items()}
     n_seeds = max(len(r) for r in table.values())
     if n_seeds < 2:
-        lines = [ONE_SEED]
+        lines = [ONE_SEED] + one_seed_check(table)
     else:
         lines = entropy_collapse_verdicts(table, horizon, entropy_control(table)[0]) + verdicts(table)
     md = markdown(table, lines, horizon, n_seeds)

@@ -235,3 +235,18 @@ def test_accuracy_verdict_needs_the_clip_to_act(clips, label):
     band = arm(CLIP, final=(0.40, 0.45, 0.50))
     clip = arm(CLIP, final=(0.38, 0.41, 0.49), clips=clips)
     assert f"**{label}** (difference +2.3 ± 0.9 points" in compare.verdicts(table(band=band, clip=clip))[0]
+
+
+def test_one_seed_reports_the_manipulation_check_without_a_reading():
+    # GRPO: 30 upward clips of p < 0.2 tokens in 100 steps = 0.30 per step, at or above the 0.25 floor;
+    # no-clip 0.10 + 0.05 = 0.15 and Band-KL 0.10 - 0.02 = 0.08 final entropy against GRPO's 0.10
+    t = table(noclip=arm([0.15], clips=[0]), band=arm([0.08], clips=[0]), clip=arm([0.10], clips=[30]))
+    (line,) = compare.one_seed_check(t)
+    assert "GRPO clipped 30 p < 0.2 tokens upward in 100 steps (0.30 per step, at or above" in line
+    assert "no-clip minus GRPO final entropy +0.050" in line and "Band-KL minus GRPO final entropy -0.020" in line
+    assert "**" not in line  # no verdict label from one seed
+    # 24 in 100 steps is 0.24 per step: below the floor
+    assert "(0.24 per step, below the 0.25 floor)" in compare.one_seed_check(table(clip=arm([0.1], clips=[24])))[0]
+    assert "; no no-clip arm (one seed" in compare.one_seed_check(table(clip=arm([0.1], clips=[5])))[0]
+    # without the counts (older runs) there is nothing to report
+    assert compare.one_seed_check(table(clip=arm([0.1], clips=[None]))) == []
