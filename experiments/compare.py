@@ -303,23 +303,24 @@ def entropy_control(table):
 def one_seed_check(table):
     """With one seed per arm no verdict is filed, but the manipulation check's numbers still say
     whether the regime could test anything: GRPO's upward clips of p < 0.2 tokens (against the
-    MIN_CLIPS_PER_STEP floor) and the final-entropy differences to GRPO, each a single paired
-    difference with no spread. Plain text, no verdict label. -> [lines]."""
+    MIN_CLIPS_PER_STEP floor) and the final-entropy differences to GRPO (the table's final entropy),
+    each a single difference with no spread, and only between runs of the same seed. Plain text, no
+    verdict label. -> [lines]."""
     clip = _arm(table, "clip")
-    if not clip or clip[0].get("clip/n_low_p_upper") is None:
+    if not clip or clip[0].get("clip/n_low_p_upper") is None or not clip[0]["steps"]:
         return []
-    n, steps = clip[0]["clip/n_low_p_upper"], clip[0]["steps"]
+    n, steps, seed = clip[0]["clip/n_low_p_upper"], clip[0]["steps"], clip[0].get("seed")
     side = "at or above" if n / steps >= MIN_CLIPS_PER_STEP else "below"
-    out = [f"(control, one seed) GRPO clipped {n} p < 0.2 tokens upward in {steps} steps "
-           f"({n / steps:.2f} per step, {side} the {MIN_CLIPS_PER_STEP:g} floor)"]
-    for name, method in (("no-clip", "noclip"), ("Band-KL", "bandkl")):
-        runs = table.get((method, 0.05)) if method == "bandkl" else _arm(table, method)
-        if runs:
-            d = runs[0]["entropy"] - clip[0]["entropy"]
-            out[0] += f"; {name} minus GRPO final entropy {d:+.3f}"
-    out[0] += "" if _arm(table, "noclip") else "; no no-clip arm"
-    out[0] += " (one seed: no s.e., so no reading)"
-    return out
+    line = (f"(control, one seed) GRPO clipped {n} p < 0.2 tokens upward in {steps} steps "
+            f"({n / steps:.3f} per step, {side} the {MIN_CLIPS_PER_STEP:g} floor)")
+    for name, runs in (("no-clip", _arm(table, "noclip")), ("Band-KL δ=0.05", table.get(("bandkl", 0.05)))):
+        if not runs:
+            line += f"; no {name} arm"
+        elif runs[0].get("seed") != seed:
+            line += f"; {name} ran another seed"
+        else:
+            line += f"; {name} minus GRPO final entropy {runs[0]['entropy'] - clip[0]['entropy']:+.3f}"
+    return [line + " (one seed: no s.e., so no reading)"]
 
 
 def verdicts(table):

@@ -386,8 +386,8 @@ def section_update(args, size, out):
 
 
 def update_at_real_lengths(model, optimizer, conf, U, device, peak_tflops):
-    """The update at long-tailed response lengths (seeded Exponential with mean T/4, clipped to [1, T], like the
-    paper's 762 of 4,096): row micro-batches in rollout order against a token budget (rows sorted by length), each
+    """The update at long-tailed response lengths (seeded Exponential with mean T/4, clipped to [1, T]: most
+    responses short, a few at the limit): row micro-batches in rollout order against a token budget (rows sorted by length), each
     with activation checkpointing on and off. Per setting: padded vs real tokens, real tokens/s, MFU on real tokens
     (model FLOPs of the real tokens only; recomputation not counted), peak memory; "oom" where it does not fit."""
     import policy

@@ -238,15 +238,20 @@ def test_accuracy_verdict_needs_the_clip_to_act(clips, label):
 
 
 def test_one_seed_reports_the_manipulation_check_without_a_reading():
-    # GRPO: 30 upward clips of p < 0.2 tokens in 100 steps = 0.30 per step, at or above the 0.25 floor;
-    # no-clip 0.10 + 0.05 = 0.15 and Band-KL 0.10 - 0.02 = 0.08 final entropy against GRPO's 0.10
+    # GRPO: 30 upward clips of p < 0.2 tokens in 100 steps = 0.30 per step, at or above the 0.25
+    # floor; no-clip 0.10 + 0.05 = 0.15 and Band-KL 0.10 - 0.02 = 0.08 final entropy vs GRPO's 0.10
     t = table(noclip=arm([0.15], clips=[0]), band=arm([0.08], clips=[0]), clip=arm([0.10], clips=[30]))
     (line,) = compare.one_seed_check(t)
-    assert "GRPO clipped 30 p < 0.2 tokens upward in 100 steps (0.30 per step, at or above" in line
-    assert "no-clip minus GRPO final entropy +0.050" in line and "Band-KL minus GRPO final entropy -0.020" in line
-    assert "**" not in line  # no verdict label from one seed
-    # 24 in 100 steps is 0.24 per step: below the floor
-    assert "(0.24 per step, below the 0.25 floor)" in compare.one_seed_check(table(clip=arm([0.1], clips=[24])))[0]
-    assert "; no no-clip arm (one seed" in compare.one_seed_check(table(clip=arm([0.1], clips=[5])))[0]
-    # without the counts (older runs) there is nothing to report
-    assert compare.one_seed_check(table(clip=arm([0.1], clips=[None]))) == []
+    assert "GRPO clipped 30 p < 0.2 tokens upward in 100 steps (0.300 per step, at or above" in line
+    assert "no-clip minus GRPO final entropy +0.050" in line
+    assert "Band-KL δ=0.05 minus GRPO final entropy -0.020" in line
+    assert "**" not in line and "no no-clip arm" not in line  # no verdict label from one seed
+    one = lambda clips: compare.one_seed_check(table(clip=arm([0.1], clips=[clips])))  # noqa: E731
+    assert "(0.250 per step, at or above the 0.25 floor)" in one(25)[0]  # the floor itself
+    assert "(0.240 per step, below the 0.25 floor)" in one(24)[0]
+    assert "; no no-clip arm;" in one(5)[0]
+    assert one(None) == []  # without the counts (older runs) there is nothing to report
+    # runs of different seeds are not differenced
+    other = arm([0.15], clips=[0])
+    other[0]["seed"] = "1"
+    assert "no-clip ran another seed" in compare.one_seed_check(table(noclip=other, clip=arm([0.1])))[0]
