@@ -113,7 +113,7 @@ def main():
              f"{datetime.date.today()}, {cpu_model()}, {os.cpu_count()} cores, "
              f"Python {platform.python_version()}",
              "command: python benchmarks/bench_rollout_is.py " + " ".join(sys.argv[1:]),
-             f"{cfg['model']} on {cfg['data']}: {cfg['train_dtype']} trainer, "
+             f"{os.path.relpath(cfg['model'], ROOT)} on {cfg['data']}: {cfg['train_dtype']} trainer, "
              f"{cfg['rollout_dtype']} engine, method {cfg['method']} δ {cfg['delta']}, "
              f"{cfg['prompts_per_step']} prompts x {cfg['group_size']}, mini-batches of "
              f"{cfg['mini_batch_prompts']} prompts, ≤ {cfg['max_new_tokens']} new tokens, "
