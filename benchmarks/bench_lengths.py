@@ -150,11 +150,11 @@ def main():
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 elapsed = time.perf_counter() - t0
-            if rep:
-                times[name].append(elapsed)
             losses[name] = float(sums["sum_loss"])
-            peaks[name] = max(peaks.get(name, 0.0), torch.cuda.max_memory_allocated() / 2**30
-                              if device.type == "cuda" else rss.peak / 2**30)
+            if rep:  # the warm-up's time and memory (first allocations of the process) are dropped
+                times[name].append(elapsed)
+                peaks[name] = max(peaks.get(name, 0.0), torch.cuda.max_memory_allocated() / 2**30
+                                  if device.type == "cuda" else rss.peak / 2**30)
     real = int(batch.attn.sum())  # prompt + response tokens: what the forward and backward really process
     n_params = sum(p.numel() for p in next(iter(models.values()))[0].parameters())
     peak_flops = {"H100": 989e12, "H200": 989e12}.get(
