@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real-model comparison where the clip can act: SmolLM2-135M-Instruct, clip / noclip / bandkl x 3 seeds x 100
-# steps, then the horizon table and the verdicts (docs/results.md, "The real model where the clip binds").
+# steps, then the horizon table and the verdicts (docs/results.md, "The real model where the clip can act").
 # Against the earlier SmolLM2 comparison (2 mini-batches, G 8, 32 tokens, no KL), this shape gives the clip room to
 # act: 4 mini-batches per rollout (3 of them off-policy, the paper's recipe), a group of 16 (fewer groups without
 # signal), 64-token responses and the paper's KL term of 0.001.
