@@ -1,10 +1,10 @@
 """The update at real response lengths: row micro-batches against token-budget micro-batches, in one run.
 
 A reasoning run's responses are long-tailed: the paper's recipe allows 4,096 tokens (docs/paper.md §4), and most
-responses use a fraction of that. This benchmark draws response lengths from a seeded exponential with mean ~1/4 of the maximum (clipped to
-[1, max]), prompt lengths uniform in [P/2, P], and times policy.update_policy (one process, gloo) on the same batch
-with row micro-batches (--micro-batch-size rows in rollout order, each padded to its own longest row) and
-with token budgets (--micro-batch-tokens: rows sorted by length, <= N padded tokens each), interleaved A/B/A/B, the
+responses use a fraction of that. This benchmark draws response lengths from a seeded exponential with mean ~1/4
+of the maximum (clipped to [1, max]), prompt lengths uniform in [P/2, P], and times policy.update_policy (one
+process, gloo) on the same batch with row micro-batches (--micro-batch-size rows in rollout order, each padded to
+its own longest row) and with token budgets (--micro-batch-tokens: rows sorted by length, <= N padded tokens each), interleaved A/B/A/B, the
 first repetition of each dropped. Per setting: padded vs real tokens (prompt + response), real tokens per second, peak memory (RSS
 growth of this process on CPU, max allocated on CUDA), and the activation-checkpointing decision the update ran
 with. On a GPU it also prints MFU on real tokens (6 · parameters · real tokens per second over the GPU's peak
