@@ -1,7 +1,8 @@
 """Math reward: is the completion's final answer equal to the reference? (docs/paper.md §4)
 
 `score_batch(responses, answers, correct=, incorrect=, missing=, scorer=)` is the reward map of
-train.py and eval.py (`missing`: an optional penalty for no final answer). Two scorers:
+train.py and eval.py (`missing`: an optional penalty for no final answer). Two scorers, and a
+control that reads no text (`random_rewards`, train.py's `--reward random`):
 
 - `is_correct` (scorer "math-verify", the default) reads the final answer as math-verify and the
   evaluation harnesses do: the last explicit one (`\\boxed{...}`, or the rest of the line after
@@ -31,6 +32,8 @@ import logging
 import re
 import sys
 from fractions import Fraction
+
+import numpy as np
 
 import verify_pool
 
@@ -255,7 +258,8 @@ def score_batch(responses, answers, *, correct=1.0, incorrect=0.0, missing=None,
     if len(responses) != len(answers):
         raise ValueError(f"score_batch: {len(responses)} responses but {len(answers)} answers")
     if scorer not in ("math-verify", "dapo"):
-        raise ValueError(f"unknown scorer {scorer!r}; expected 'math-verify' or 'dapo'")
+        raise ValueError(f"unknown scorer {scorer!r}; expected 'math-verify' or 'dapo' (random "
+                         f"rewards read no text: random_rewards)")
     miss = incorrect if missing is None else missing
     if scorer == "dapo":
         out = []
@@ -278,6 +282,35 @@ def score_batch(responses, answers, *, correct=1.0, incorrect=0.0, missing=None,
     return [miss if not pred
             else correct if (verdict if verdict is not None else slow[pred, gold]) else incorrect
             for pred, gold, verdict in pairs]
+
+
+# --- the control: rewards that ignore the text ---------------------------------------------------
+def random_probability(scorer):
+    """P of a `random` (P = 0.5) or `random:P` scorer, None for a scorer that reads the text.
+    Raises ValueError naming the value when P is not a probability."""
+    if scorer != "random" and not scorer.startswith("random:"):
+        return None
+    text = scorer.partition(":")[2] or "0.5"
+    try:
+        p = float(text)
+    except ValueError:
+        p = float("nan")
+    if not 0 < p < 1:
+        raise ValueError(f"--reward {scorer!r}: random:P needs a probability 0 < P < 1, got {text!r}")
+    return p
+
+
+def random_rewards(n, p, seed, *, correct=1.0, incorrect=0.0):
+    """`n` rewards, each `correct` with probability `p` and `incorrect` otherwise, independent of the
+    completions. `seed` is a tuple of integers (train.py: the run's seed, the step, the rank): one
+    numpy SeedSequence over them, so the coins repeat for a seed and are the same for every method.
+
+    With such rewards the expected policy gradient is zero (the advantage is independent of the
+    sampled text), so a policy trained without a clip has nothing to learn, and any drift of an arm
+    against the no-clip arm is its clip's own (docs/design.md, "Random rewards").
+    """
+    rng = np.random.default_rng([int(s) % 2**63 for s in seed])
+    return [correct if u < p else incorrect for u in rng.random(n)]
 
 
 # --- the paper's reward: DAPO / Minerva exact match -----------------------------------------------

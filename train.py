@@ -82,7 +82,7 @@ class Config:
     model: str = ""                   # HF id or local path; "" = the tiny rollout.DEFAULT_MODEL
     data: str = ""                    # data.load names or paths, comma-separated; "" = model's task
     eval_data: str = ""               # held-out sets, comma-separated; "" = --data's test split
-    reward: str = "math-verify"       # reward.score_batch scorer: math-verify or dapo
+    reward: str = "math-verify"       # scorer: math-verify, dapo, or random[:P] (coins; no text read)
     reward_correct: float = 1.0       # reward of a correct final answer
     reward_incorrect: float = 0.0     # reward of a wrong or missing final answer (paper: -1)
     # --- batch shape ---
@@ -163,6 +163,9 @@ def resolve_config(cfg):
         raise ValueError(f"--micro-batch-tokens must be >= 0 (0 = off) and cannot be combined with "
                          f"--share-prompt (whose micro-batches are whole groups), "
                          f"got {cfg.micro_batch_tokens}")
+    if reward.random_probability(cfg.reward) is None and cfg.reward not in ("math-verify", "dapo"):
+        raise ValueError(f"unknown --reward {cfg.reward!r}; valid: math-verify, dapo, random, "
+                         f"random:P")
     if cfg.agg not in grpo.AGG_MODES:
         raise ValueError(f"unknown --agg {cfg.agg!r}; valid: {', '.join(grpo.AGG_MODES)}")
     if cfg.rollout not in ("auto", "vllm", "hf"):
@@ -328,12 +331,32 @@ def validate(engine, tokenizer, eval_sets, cfg, step):
     shards = {name: recs[RANK::WORLD] for name, recs in eval_sets.items()}
     local = evaluation.evaluate(engine, tokenizer, shards, n=cfg.eval_n, sampling=sampling,
                                 max_prompt_len=cfg.max_prompt_len, progress=False,
-                                scorer=cfg.reward)
+                                scorer=eval_scorer(cfg))
     gathered = [None] * WORLD
     dist.all_gather_object(gathered, {name: r["correct_counts"] for name, r in local.items()})
     return {f"eval/{name}/{key}": value for name in eval_sets
             for key, value in evaluation.summarize([c for g in gathered for c in g[name]],
                                                    cfg.eval_n).items()}
+
+
+def eval_scorer(cfg):
+    """The held-out task is scored for real, also when training rewards are coins (--reward random)."""
+    return "math-verify" if reward.random_probability(cfg.reward) is not None else cfg.reward
+
+
+def train_rewards(completions, prompts, cfg, step):
+    """(B,) rewards: the scorer's verdict on each completion, or under --reward random[:P] a coin per
+    completion seeded by (seed, step, rank), the same for every method (reward.random_rewards)."""
+    coin = reward.random_probability(cfg.reward)
+    if coin is not None:
+        scores = reward.random_rewards(len(completions), coin, (cfg.seed, step, RANK),
+                                       correct=cfg.reward_correct, incorrect=cfg.reward_incorrect)
+    else:
+        scores = reward.score_batch([c.text for c in completions],
+                                    [prompts[c.prompt_index]["answer"] for c in completions],
+                                    scorer=cfg.reward, correct=cfg.reward_correct,
+                                    incorrect=cfg.reward_incorrect)
+    return torch.tensor(scores, dtype=torch.float32)
 
 
 # --- the run: its directory, metrics file and console --------------------------------------------
@@ -482,11 +505,7 @@ def main(argv=None):
         t_rollout = time.time()
 
         # --- rewards and advantages ---
-        answers = [prompts[c.prompt_index]["answer"] for c in completions]
-        rewards = torch.tensor(reward.score_batch([c.text for c in completions], answers,
-                                                  scorer=cfg.reward, correct=cfg.reward_correct,
-                                                  incorrect=cfg.reward_incorrect),
-                               dtype=torch.float32)  # (B,) with B = len(prompts) * G
+        rewards = train_rewards(completions, prompts, cfg, step)  # (B,), B = len(prompts) * G
         advantages = grpo.group_advantages(rewards, G,
                                            norm_by_std=cfg.norm_by_std).to(device)  # (B,)
         stats = {**grpo.group_stats(rewards, G), **grpo.reward_sums(rewards, cfg.reward_correct)}

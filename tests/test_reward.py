@@ -320,3 +320,35 @@ def test_unevaluated_arithmetic_is_not_a_final_answer():
         assert reward.is_correct(f"Answer: {good}", gold), good
     assert reward.is_correct("so 47+38 = 85", "85")  # the last number of a worked line is still read
     assert reward.is_correct("Answer: 93*95", "93*95")  # a reference that is itself an expression: equal texts
+
+
+def test_random_rewards_ignore_the_text_and_repeat_for_a_seed():
+    """--reward random: a coin per completion, seeded by (seed, step, rank), independent of the text.
+
+    Checked against numpy's own generator on the same seed sequence (the draw is defined as its uniforms below P),
+    and statistically: over 20,000 coins at P = 0.3 the share of 1s lies within 5 binomial s.d. of P.
+    """
+    np = pytest.importorskip("numpy")
+    seed = (3, 17, 1)
+    a = reward.random_rewards(64, 0.5, seed)
+    assert a == reward.random_rewards(64, 0.5, seed)  # repeats for a seed (any method: no text is read)
+    assert a != reward.random_rewards(64, 0.5, (3, 18, 1)) and a != reward.random_rewards(64, 0.5, (3, 17, 0))
+    expected = [1.0 if u < 0.5 else 0.0 for u in np.random.default_rng([3, 17, 1]).random(64)]
+    assert a == expected
+    assert reward.random_rewards(4, 0.5, seed, correct=1.0, incorrect=-1.0) == [
+        1.0 if x else -1.0 for x in expected[:4]]
+    n, p = 20_000, 0.3
+    share = sum(reward.random_rewards(n, p, (0, 0, 0))) / n
+    assert abs(share - p) < 5 * (p * (1 - p) / n) ** 0.5
+
+
+@pytest.mark.parametrize("scorer, p", [("random", 0.5), ("random:0.25", 0.25), ("math-verify", None),
+                                       ("dapo", None)])
+def test_random_probability(scorer, p):
+    assert reward.random_probability(scorer) == p
+
+
+@pytest.mark.parametrize("scorer", ["random:0", "random:1", "random:x", "random:nan"])
+def test_random_probability_rejects_a_non_probability(scorer):
+    with pytest.raises(ValueError, match="0 < P < 1"):
+        reward.random_probability(scorer)

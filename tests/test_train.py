@@ -230,6 +230,8 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     (["--rollout-is", "token-mask", "--old-logp", "engine"], "every weight would be 1"),
     (["--rollout-is-max", "0.5"], "--rollout-is-max"),
     (["--micro-batch-tokens", "256", "--share-prompt", "--no-grad-checkpointing"], "--micro-batch-tokens"),
+    (["--reward", "coin"], "unknown --reward 'coin'"),
+    (["--reward", "random:1.5"], "random:P needs a probability"),
 ])
 def test_bad_flags_exit_2_with_one_line(flags, message, tmp_path):
     """Bad flags: one line naming the value on stderr, exit code 2, no run directory created."""
