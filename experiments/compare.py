@@ -1,32 +1,43 @@
-"""Compare the clipping methods at toy scale: train each for the same steps and seeds, plot, tabulate, give verdicts.
+"""Compare the clipping methods: train each for the same steps and seeds, plot, tabulate, give verdicts.
 
 The paper (docs/paper.md §5) claims, on 3B-8B models: (1) BandPO beats GRPO and clip-higher on mean@32 by >= 2
-points; (2) it keeps the policy entropy about ten times higher (~0.2 vs ~0.02); (3) it clips far fewer low-probability
-tokens at the upper bound. This script runs `train.py` for every (method, delta, seed), one run after another, then
-writes experiments/results/toy/compare.{json,md} and figures/toy_compare.png (by default; --results and --figure
-name another experiment's, as experiments/results/<experiment>/ and figures/<experiment>_compare.png), with a plain
-verdict per claim computed from the numbers (rules in `verdicts`, and `entropy_control` for the entropy claim,
-which it reads against a no-clip arm, `--methods clip,noclip,bandkl`, and a check that the clip acted at all).
+points; (2) it keeps the policy entropy about ten times higher (~0.2 vs ~0.02); (3) it clips far fewer
+low-probability tokens at the upper bound. This script runs `train.py` for every (method, delta, seed), then writes
+<results>/compare.{json,md} and <figure> (by default experiments/results/toy/ and figures/toy_compare.png) with a
+verdict per claim computed from the numbers (`verdicts`). The statistics, decided here once (horizon.py uses them):
+- a difference is paired by seed and read through its 95% t interval, mean ± t(0.975, n - 1) x s.e.; a rule that
+  weighs a difference needs n >= 2 paired seeds, else it reads "inconclusive (n = 1)";
+- "no difference" needs that interval inside ±EQUIV (10%) of GRPO's final entropy, else "underpowered"; "the clip
+  does not hold the entropy down" needs no-clip minus GRPO's interval to end below +EQUIV (`control_side`);
+- "supports" / "reproduced" need the claim's size (`SUPPORT_RATIO`, 2 points, half the clips), each line states it;
+- final step metrics are read at the last 5 and the last 10 steps (WINDOWS): if the readings disagree the verdict is
+  "inconclusive (window-dependent)";
+- the entropy claim is read against a no-clip arm (`--methods clip,noclip,bandkl`) after a check that the clip
+  acted (`entropy_control`); under `--reward random` (coins, no learning signal) `random_control` reads instead
+  whether the clip by itself moves the entropy and how much of that drift each other arm removes.
 docs/results.md shows and discusses them.
 
     python experiments/compare.py                        # the toy comparison on the embedded tiny model (CPU)
     python experiments/compare.py --plot-only            # redraw and re-tabulate from the finished runs
+    python experiments/compare.py --from-json --max-steps 40   # re-issue compare.md from <results>/compare.json
+    python experiments/compare.py --methods clip,noclip,bandkl --reward random   # every run on coin rewards
     python experiments/compare.py --methods clip,bandkl --seeds 0,1,2 --nproc 8 --max-steps 300 \\
         --runs-dir runs/qwen2.5-3b --results experiments/results/qwen2.5-3b --figure figures/qwen2.5-3b_compare.png \\
         -- --model Qwen/Qwen2.5-3B-Instruct --data dapo-math-17k,math-l3to5 --eval-data aime24,amc23 \\
         --prompts-per-step 256 --group-size 16 --mini-batch-prompts 64 --lr 1e-6 --max-new-tokens 4096 ...
 
-Everything after `--` goes to train.py unchanged, so the same script runs the real comparison on GPUs. Runs are
-resumable: a finished run is skipped, an interrupted one continues from its last checkpoint (train.py --resume),
-and a finished one is extended by a larger --max-steps. `--jobs 2 --nproc 1` trains two runs at once, each pinned
-to its own cores (how the long-horizon comparison ran on a 2-core machine; experiments/horizon.py reports it). On a
-GPU the jobs share it: the real-model comparison of docs/results.md ran `--jobs 9` on one H100, ~3 s per step each.
+Everything after `--` goes to train.py unchanged (after `--reward`, so it wins), so the same script runs the real
+comparison on GPUs. Runs are resumable: a finished run is skipped, an interrupted one continues from its last
+checkpoint (train.py --resume), and a finished one is extended by a larger --max-steps. `--jobs 2 --nproc 1` trains
+two runs at once, each pinned to its own cores. On a GPU the jobs share it (`--jobs 9` on one H100).
 """
 
 import argparse
+import collections
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 import time
@@ -34,6 +45,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CURVES = [("eval", "held-out accuracy (mean@n)"), ("entropy", "policy entropy (nats/token)"),
           ("clip/frac", "clipped token fraction"), ("clip/low_p_upper_rate", "upper-clip rate of p < 0.2 tokens")]
+DEFAULT_REWARD = "math-verify"   # train.py's --reward, for runs whose config.json predates the field
 
 
 def run_name(method, delta, seed):
@@ -64,10 +76,14 @@ def train_cmd(args, method, delta, seed, extra, port):
     # install) runs the same command
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
            "--master_port", str(port), "train.py"]
+    reward = ["--reward", args.reward] if args.reward else []
     if os.path.isfile(os.path.join(run_dir, "config.json")):
+        if args.reward and run_reward(run_dir) != args.reward:   # a resume keeps the run's own --reward
+            sys.exit(f"compare.py: error: {run_dir} was trained with --reward {run_reward(run_dir)!r}, "
+                     f"not {args.reward!r}; give it another --runs-dir")
         return cmd + ["--resume", run_dir, "--max-steps", str(args.max_steps)]
     return cmd + ["--method", method, "--delta", str(delta), "--seed", str(seed), "--max-steps", str(args.max_steps),
-                  "--out-dir", run_dir, "--no-export-hf", *extra]
+                  "--out-dir", run_dir, "--no-export-hf", *reward, *extra]
 
 
 def train_all(args, runs, extra):
@@ -117,6 +133,15 @@ def load_run(run_dir):
     return rows, eval_key, curves
 
 
+def run_reward(run_dir):
+    """The run's --reward from its config.json (DEFAULT_REWARD where it has none)."""
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(path):
+        return DEFAULT_REWARD
+    with open(path) as f:
+        return json.load(f).get("reward", DEFAULT_REWARD)
+
+
 def mean_std(xs):
     xs = [x for x in xs if x is not None and not math.isnan(x)]
     if not xs:
@@ -152,53 +177,165 @@ def clip_counts(run_dir):
 
 
 def summarize_run(rows, eval_key, last=5):
-    """Final numbers of one run: the last (and first) evaluation, step metrics averaged over the last `last` steps."""
+    """Final numbers of one run: the last (and first) evaluation, step metrics averaged over the last `last` steps,
+    and the verdicts' step metrics at each of WINDOWS (`entropy@5`, `clip/low_p_upper_rate@10`, ...)."""
     evals = [r for r in rows if eval_key and eval_key in r]
     final_eval = evals[-1] if evals else {}
     prefix = eval_key.rsplit("/", 1)[0] if eval_key else ""
     pass_keys = sorted((k for k in final_eval if k.startswith(prefix + "/pass@")), key=lambda k: int(k.split("@")[1]))
-    steps = [r for r in rows if "entropy" in r][-last:]
-    avg = lambda key: sum(r[key] for r in steps) / len(steps) if steps else math.nan  # noqa: E731
+    steps = [r for r in rows if "entropy" in r]
+    avg = lambda key, n=last: mean_std([r[key] for r in steps[-n:]])[0]  # noqa: E731
     return {"mean@n": final_eval.get(eval_key, math.nan),
             "pass@n": final_eval[pass_keys[-1]] if pass_keys else math.nan,
             "pass_k": pass_keys[-1].split("/")[-1] if pass_keys else "",
             "entropy": avg("entropy"), "clip/frac": avg("clip/frac"),
             "clip/frac_upper": avg("clip/frac_upper"), "clip/low_p_upper_rate": avg("clip/low_p_upper_rate"),
-            "reward/mean": avg("reward/mean"), "mean@n_start": evals[0][eval_key] if evals else math.nan}
+            "reward/mean": avg("reward/mean"), "mean@n_start": evals[0][eval_key] if evals else math.nan,
+            **{f"{k}@{w}": avg(k, w) for k in WINDOWED for w in WINDOWS}}
 
 
-# --- verdicts: every difference weighed against its spread over seeds, paired by seed ---------------------------
-# the verdict rules weigh each difference against its spread over seeds: one seed has none
+# --- statistics: paired by seed, 95% t intervals, an equivalence margin, two windows -------------------------------
+WINDOWS = (5, 10)     # every step-metric reading is made at the last 5 and at the last 10 steps
+WINDOWED = ("entropy", "clip/low_p_upper_rate")
+EQUIV = 0.10          # "no difference": the 95% t interval inside ±10% of GRPO's final entropy
+SUPPORT_RATIO = math.sqrt(10)   # Band-KL / GRPO entropy for "supports": the geometric midpoint of 1x and 10x
+BOOTSTRAP = 4000      # resamples of the seeds in drift_fraction's interval (random.Random(0): reproducible)
+# Student's t, 0.975 quantile, df = 1..30 (any statistics table); beyond 30 the Cornish-Fisher series in t975
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+Diff = collections.namedtuple("Diff", "mean half n")   # a mean, the half-width of its 95% t interval, seeds
+
+
+def t975(df):
+    """Student's t 0.975 quantile: the table to df 30, then z + (z^3 + z) / 4df + ... (within 1e-3 there)."""
+    if df <= len(T975):
+        return T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def t_interval(xs):
+    """Diff of numbers xs: their mean and the half-width of its 95% t interval (nan below two numbers)."""
+    xs = [x for x in xs if not math.isnan(x)]
+    m, sd = mean_std(xs)
+    return Diff(m, t975(len(xs) - 1) * sd / math.sqrt(len(xs)) if len(xs) > 1 else math.nan, len(xs))
+
+
+def _by_seed(rows, key):
+    # rows without a "seed" (the older compare.json files, all of whose seeds finished) pair by position
+    return {x.get("seed", i): x[key] for i, x in enumerate(rows)}
+
+
+def paired(a, b, key, scale=1.0):
+    """Diff of the per-seed differences a - b of `key`, over the seeds both arms have.
+
+    The runs of a seed share the initial policy and its first rollout (identical until a bound first binds), so
+    pairing removes the seed's own luck from the difference.
+    """
+    sa, sb = _by_seed(a, key), _by_seed(b, key)
+    return t_interval([scale * (sa[k] - sb[k]) for k in sa if k in sb])
+
+
+def ci(d, fmt=".3f"):
+    """'+0.117 ± 0.109 (95% t interval, n = 3)', or '+0.117 (n = 1: no interval)'."""
+    if d.n < 2:
+        return f"{d.mean:+{fmt}} (n = {d.n}: no interval)"
+    return f"{d.mean:+{fmt}} ± {d.half:{fmt}} (95% t interval, n = {d.n})"
+
+
+def weigh(d, margin):
+    """A difference against 0 and ±margin: "n = 1" (no interval), "equivalent" (the 95% t interval inside
+    ±margin), "above" / "below" (the interval excludes 0), else "underpowered"."""
+    if d.n < 2:
+        return f"n = {d.n}"
+    lo, hi = d.mean - d.half, d.mean + d.half
+    if -margin <= lo and hi <= margin:
+        return "equivalent"
+    return "above" if lo > 0 else "below" if hi < 0 else "underpowered"
+
+
+def windows(table, key):
+    """The windows of WINDOWS at which every row of the table holds `key@w`."""
+    return [w for w in WINDOWS if all(f"{key}@{w}" in x for rows in table.values() for x in rows)]
+
+
+def across(results):
+    """(label, text) from per-window (w, label, text): the label where every window gives it, else
+    "inconclusive (window-dependent)"; the text names each window and any window not in the numbers."""
+    labels = {label for _, label, _ in results}
+    if not labels:
+        return "no reading", f"no final step metric of the last {' or '.join(map(str, WINDOWS))} steps here"
+    label = results[0][1] if len(labels) == 1 else "inconclusive (window-dependent)"
+    text = [f"last {w} steps: {t}" for w, _, t in results]
+    text += [f"last {w} steps: not in these numbers" for w in WINDOWS if w not in {r[0] for r in results}]
+    return label, "; ".join(text)
+
+
+def drift_fraction(arm, clip, noclip, key, resamples=BOOTSTRAP):
+    """(f, lo, hi, n): the fraction of the clip's drift that `arm` removes, f = mean(arm - clip) /
+    mean(noclip - clip) over the n seeds all three share (a ratio of paired means: 0 = as GRPO, 1 = as no-clip),
+    and its 95% paired-bootstrap percentile interval: `resamples` draws of n seeds with replacement
+    (random.Random(0)), f of each draw. With n seeds there are only C(2n - 1, n) distinct draws (10 at n = 3)."""
+    a, c, o = (_by_seed(rows, key) for rows in (arm, clip, noclip))
+    seeds = [s for s in c if s in a and s in o]
+    num, den = [a[s] - c[s] for s in seeds], [o[s] - c[s] for s in seeds]
+    ratio = lambda idx: (sum(num[i] for i in idx) / sum(den[i] for i in idx)  # noqa: E731
+                         if sum(den[i] for i in idx) else math.copysign(math.inf, sum(num[i] for i in idx)))
+    n = len(seeds)
+    if n < 2:
+        return (ratio(range(n)) if n else math.nan), math.nan, math.nan, n
+    rng = random.Random(0)
+    fs = sorted(ratio([rng.randrange(n) for _ in range(n)]) for _ in range(resamples))
+    return ratio(range(n)), fs[int(0.025 * resamples)], fs[math.ceil(0.975 * resamples) - 1], n
+
+
+def fraction_label(f, lo, hi, n):
+    """Where an arm sits between GRPO (f = 0) and no-clip (f = 1), from the interval of drift_fraction."""
+    if n < 2:
+        return f"inconclusive (n = {n})"
+    has0, has1 = lo <= 0 <= hi, lo <= 1 <= hi
+    if has0 and has1:
+        return "inconclusive (underpowered)"
+    if has1 or has0:
+        return "removes the clip's drift (as no-clip)" if has1 else "keeps the clip's drift (as GRPO)"
+    return "beyond no-clip" if lo > 1 else "beyond GRPO" if hi < 0 else "removes part of it"
+
+
+# --- verdicts ---------------------------------------------------------------------------------------------------
 ONE_SEED = "one seed per method: no verdicts (the rules weigh each difference against its spread over seeds)"
 # The clip "acted" when GRPO cut at least one p < 0.2 token upward per four steps, on average. A floor, not a test
 # of whether that matters (the no-clip arm tests that): below it nearly every step leaves the rare tokens alone, and
 # a clip / no-clip difference can come from the runs drifting apart after one early clip. For scale: the toy
-# long-horizon regime (lr 1e-4, 16 optimizer steps per rollout) clips ~0.8 such tokens per step, in ~45% of its
-# steps; the SmolLM2 runs of docs/results.md 0.05-0.13.
+# long-horizon regime (lr 1e-4, 16 optimizer steps per rollout) clips ~0.8 such tokens per step; the SmolLM2 runs of
+# docs/results.md 0.05-0.13.
 MIN_CLIPS_PER_STEP = 0.25
 NO_CONTROL = "cannot tell 'Band does not help' from 'the clip does not drive the entropy here'"
+TESTABLE = ("supports", "supports the direction, not the size", "does not reproduce")   # (2b) keeps its own label
+RANDOM_NA = ("(1), (2a), (2b) and the held-out-accuracy guard do not apply: the training rewards are coins "
+             "independent of the text (--reward {}), so nothing is learned from them; (R) reads the entropy")
 
 
-def paired(a, b, key, scale=1.0):
-    """(mean, s.e., n) of the per-seed differences a - b of `key`, over the seeds both arms have.
+def is_random(reward):
+    return reward == "random" or reward.startswith("random:")
 
-    The runs of a seed share the initial policy and its first rollout (they are identical until a bound first
-    binds), so pairing removes the seed's own luck from the difference. Rows without a "seed" (the older
-    compare.json files, all of whose seeds finished) pair by position.
-    """
-    by_seed = lambda rows: {x.get("seed", i): x[key] for i, x in enumerate(rows)}  # noqa: E731
-    sa, sb = by_seed(a), by_seed(b)
-    diffs = [scale * (sa[k] - sb[k]) for k in sa if k in sb and not math.isnan(sa[k] - sb[k])]
-    m, sd = mean_std(diffs)
-    return m, sd / math.sqrt(len(diffs)) if diffs else math.nan, len(diffs)
+
+def regime(table):
+    """The --reward every run of the table shares (rows without one: DEFAULT_REWARD); a ValueError naming the
+    values where they differ (a coin-reward run has no twin among learning runs)."""
+    rewards = sorted({x.get("reward", DEFAULT_REWARD) for rows in table.values() for x in rows})
+    if len(rewards) > 1:
+        raise ValueError(f"the runs mix training rewards {rewards}; a comparison needs one --reward")
+    return rewards[0] if rewards else DEFAULT_REWARD
+
+
+def arm_name(config):
+    method, delta = config
+    return f"{method} δ={delta:g}" if method.startswith("band") else method
 
 
 def accuracy_change(runs):
-    """(mean, s.e., n) over runs of final minus step-0 held-out accuracy, in points (n = 0 without a step 0)."""
-    diffs = [100 * (x["mean@n"] - x.get("mean@n_start", math.nan)) for x in runs]
-    diffs = [d for d in diffs if not math.isnan(d)]
-    m, sd = mean_std(diffs)
-    return m, sd / math.sqrt(len(diffs)) if diffs else math.nan, len(diffs)
+    """Diff over runs of final minus step-0 held-out accuracy, in points (n = 0 without a step 0)."""
+    return t_interval([100 * (x["mean@n"] - x.get("mean@n_start", math.nan)) for x in runs])
 
 
 def _arm(table, method):
@@ -221,83 +358,209 @@ def clip_acted(clip):
                    f"**{'acted' if acted else f'barely acted (< {MIN_CLIPS_PER_STEP:g} per step)'}**")
 
 
+def _entropy_reading(clip, noclip, band, key):
+    """Claim (2) at one window (`key` = "entropy@w"): (label, text). See entropy_control."""
+    degenerate = lambda runs: accuracy_change(runs).n > 0 and accuracy_change(runs).mean < 0  # noqa: E731
+    mean = lambda runs: mean_std([x[key] for x in runs])[0]  # noqa: E731
+    margin = EQUIV * mean(clip)
+    dn, db, dbn = paired(noclip, clip, key), paired(band, clip, key), paired(band, noclip, key)
+    wn, wb, wbn = weigh(dn, margin), weigh(db, margin), weigh(dbn, margin)
+    ratio = mean(band) / mean(clip) if mean(clip) > 0 else math.inf
+    text = (f"final entropy GRPO {mean(clip):.3f}, no-clip {mean(noclip):.3f}, Band-KL {mean(band):.3f}, "
+            f"Band-KL / GRPO {ratio:.2f}; no-clip minus GRPO {ci(dn)}, Band-KL minus GRPO {ci(db)}, Band-KL minus "
+            f"no-clip {ci(dbn)}; margin ±{margin:.3f}")
+    side = control_side(dn, margin)
+    if dn.n < 2:
+        return f"inconclusive (n = {dn.n})", f"one seed paired with the no-clip arm; {text}"
+    if side != "above":
+        label, why = {"not above": ("not testable in this regime", "no-clip not above GRPO by more than the margin: "
+                                    "the clip does not drive the entropy here" + {
+                                        "equivalent": " (no-clip within ±margin of GRPO)",
+                                        "below": " (no-clip below GRPO)"}.get(wn, "")),
+                      "underpowered": ("inconclusive (underpowered)", "no-clip's interval reaches both above "
+                                       "+margin and below 0")}[side]
+    elif degenerate(noclip):
+        label, why = "degenerate", "no-clip's extra entropy comes with accuracy below its start"
+    elif wb == "above" and wbn == "equivalent":
+        label, why = (("degenerate", "Band-KL's extra entropy comes with accuracy below its start") if degenerate(band)
+                      else ("supports", "no-clip above GRPO, Band-KL within the margin of no-clip")
+                      if ratio >= SUPPORT_RATIO else
+                      ("supports the direction, not the size", f"no-clip above GRPO, Band-KL within the margin of "
+                       f"no-clip, but Band-KL / GRPO {ratio:.2f} < {SUPPORT_RATIO:.2f}"))
+    elif wbn == "below" and wb != "above":
+        label, why = "does not reproduce", "no-clip above GRPO, Band-KL below no-clip and not above GRPO"
+    elif wb == "above" and wbn == "below":
+        label, why = "inconclusive", "Band-KL lies between GRPO and no-clip"
+    elif wbn == "above":
+        label, why = "inconclusive", "Band-KL above no-clip: more than removing the clip does"
+    else:
+        label, why = "inconclusive (underpowered)", "Band-KL resolved against neither GRPO nor no-clip"
+    return label, f"{why}; {text}"
+
+
+SIDES = {"above": "above GRPO", "not above": "not above GRPO by more than the margin", "underpowered": "underpowered"}
+
+
+def control_side(dn, margin):
+    """No-clip minus GRPO final entropy (dn) for claim (2), which needs the clip to hold the entropy down: "above"
+    (the 95% t interval above 0 and reaching past +margin), "not above" (the interval ends at or below +margin:
+    removing the clip does not raise the entropy by more than the margin), "underpowered" (neither), "n = 1"."""
+    if dn.n < 2:
+        return f"n = {dn.n}"
+    return "not above" if dn.mean + dn.half <= margin else "above" if dn.mean - dn.half > 0 else "underpowered"
+
+
 def entropy_control(table):
-    """Claim (2), the entropy, read against the no-clip control arm: returns (reading, [lines]). Paired by seed;
-    "≈" means a paired difference within two standard errors; entropy is each run's final entropy.
+    """Claim (2), the entropy, read against the no-clip control arm: returns (reading, [lines]). Every difference
+    is paired by seed and read through its 95% t interval against ±EQUIV of GRPO's final entropy (`weigh`).
 
     1. Manipulation check (clip_acted): GRPO clipped fewer than MIN_CLIPS_PER_STEP p < 0.2 tokens upward per step
-       -> "not testable in this regime" (the clip barely acted).
-    2. No no-clip arm -> "no no-clip arm": nothing tells "Band does not help" from "the clip does not drive the
-       entropy here".
-    3. No-clip ≈ GRPO -> "not testable in this regime"; no-clip below GRPO -> "inconclusive".
-    4. The guard: an arm credited with more entropy whose mean final held-out accuracy is below its step-0
-       accuracy is "degenerate" (entropy without learning), not "more entropy".
-    5. No-clip above GRPO: Band-KL ≈ no-clip and above GRPO -> "supports"; Band-KL ≈ GRPO and below no-clip ->
-       "does not reproduce"; anything else -> "inconclusive", naming why.
+       -> "not testable in this regime" (the clip barely acted). No no-clip arm -> "no no-clip arm".
+    2. At each window (control_side): fewer than two seeds paired with no-clip -> "inconclusive (n = 1)"; no-clip's
+       interval ends at or below +margin (no-clip within ±margin of GRPO, or below it) -> "not testable in this
+       regime"; the interval reaches past +margin and below 0 -> "inconclusive (underpowered)".
+    3. No-clip above GRPO: an arm credited with more entropy whose held-out accuracy ends below its step-0 accuracy
+       is "degenerate". Band-KL above GRPO and within the margin of no-clip -> "supports" where Band-KL / GRPO >=
+       SUPPORT_RATIO, else "supports the direction, not the size"; Band-KL below no-clip and not above GRPO ->
+       "does not reproduce"; anything else "inconclusive", naming why.
+    4. The windows disagree -> "inconclusive (window-dependent)".
     """
     clip, noclip, band = _arm(table, "clip"), _arm(table, "noclip"), table.get(("bandkl", 0.05))
     if not clip or not band:
         return None, []
-    arms = {name: runs for name, runs in (("GRPO", clip), ("no-clip", noclip), ("Band-KL", band)) if runs}
-    # --- 1. the manipulation check: did the clip act, and does removing it change the entropy? ---
     acted, check = clip_acted(clip)
+    ws = windows(table, "entropy")
     if noclip:
-        dn, sn, nn = paired(noclip, clip, "entropy")
-        differs = abs(dn) > 2 * sn
-        check += (f"; no-clip minus GRPO final entropy {dn:+.3f} ± {sn:.3f} (n = {nn}): "
-                  f"**{'differs' if differs else 'does not differ'} beyond two s.e.**")
+        margin = lambda w: EQUIV * mean_std([x[f"entropy@{w}"] for x in clip])[0]  # noqa: E731
+        dn = {w: paired(noclip, clip, f"entropy@{w}") for w in ws}
+        check += "; no-clip minus GRPO final entropy, " + "; ".join(
+            f"last {w} steps: {ci(dn[w])} against +{margin(w):.3f}: **{SIDES.get(control_side(dn[w], margin(w)), 'inconclusive')}**"
+            for w in ws)
     else:
         check += "; no no-clip arm"
-    # --- 2.-5. the reading ---
-    entropy = lambda runs: mean_std([x["entropy"] for x in runs])[0]  # noqa: E731
-    degenerate = lambda runs: accuracy_change(runs)[2] > 0 and accuracy_change(runs)[0] < 0  # noqa: E731
-    db, sb, nb = paired(band, clip, "entropy")
-    if acted is False:
-        reading, why = "not testable in this regime", "the clip barely acted"
-        why += "" if noclip else f"; and no no-clip arm: {NO_CONTROL}"
-    elif not noclip:
-        reading, why = "no no-clip arm", NO_CONTROL
-    elif nn < 2:
-        reading, why = "inconclusive", "fewer than two seeds paired with the no-clip arm"
-    elif not differs:
-        reading, why = "not testable in this regime", "no-clip ≈ GRPO: the clip does not drive the entropy here"
-    elif dn < 0:
-        reading, why = "inconclusive", "no-clip below GRPO: removing the clip lowers the entropy"
-    elif degenerate(noclip):
-        reading, why = "degenerate", "no-clip's extra entropy comes with accuracy below its start"
-    else:
-        dbn, sbn, _ = paired(band, noclip, "entropy")
-        near_noclip, near_clip = abs(dbn) <= 2 * sbn, abs(db) <= 2 * sb
-        if near_noclip and db > 2 * sb:
-            reading, why = ("degenerate", "Band-KL's extra entropy comes with accuracy below its start") \
-                if degenerate(band) else ("supports", "no-clip above GRPO, Band-KL ≈ no-clip")
-        elif near_clip and dbn < -2 * sbn:
-            reading, why = "does not reproduce", "no-clip above GRPO, Band-KL ≈ GRPO"
-        elif near_clip and near_noclip:
-            reading, why = "inconclusive", "Band-KL is within two s.e. of both GRPO and no-clip"
-        elif db > 2 * sb and dbn < -2 * sbn:
-            reading, why = "inconclusive", "Band-KL lies between GRPO and no-clip"
-        elif dbn > 2 * sbn:
-            reading, why = "inconclusive", "Band-KL above no-clip: more than removing the clip does"
-        else:
-            reading, why = "does not reproduce", "Band-KL below GRPO"
-    finals = ", ".join(f"{name} {entropy(runs):.3f}" for name, runs in arms.items())
-    diffs = [("no-clip minus GRPO", noclip, clip), ("Band-KL minus GRPO", band, clip),
-             ("Band-KL minus no-clip", band, noclip)]
-    diffs = ", ".join("{} {:+.3f} ± {:.3f}".format(name, *paired(a, b, "entropy")[:2]) for name, a, b in diffs
-                      if a and b)
-    acc = [(name, accuracy_change(runs)) for name, runs in arms.items()]
-    below = ", ".join(name for name, runs in arms.items() if degenerate(runs))
-    acc = ", ".join(f"{name} {m:+.1f} ± {se:.1f}" for name, (m, se, n) in acc if n)
-    acc = f"held-out accuracy, final minus step 0: {acc} points" if acc else "no step-0 accuracy in these numbers"
+    arms = (("GRPO", clip), ("no-clip", noclip), ("Band-KL", band))
+    changes = [(name, accuracy_change(runs)) for name, runs in arms if runs]
+    below = ", ".join(name for name, d in changes if d.n and d.mean < 0)
+    acc = ", ".join(f"{name} {ci(d, '.1f')}" for name, d in changes if d.n)
+    acc = f"held-out accuracy, final minus step 0, points: {acc}" if acc else "no step-0 accuracy in these numbers"
     acc += f" (below the start: {below})" if below else ""
-    ratio = entropy(band) / entropy(clip) if entropy(clip) > 0 else math.inf
-    label = f"no no-clip arm: {why}" if reading == "no no-clip arm" else reading
-    why = "" if reading == "no no-clip arm" else why + "; "
+    if acted is False or not noclip:
+        reading = "not testable in this regime" if acted is False else "no no-clip arm"
+        why = "the clip barely acted" if acted is False else NO_CONTROL
+        why += f"; and no no-clip arm: {NO_CONTROL}" if acted is False and not noclip else ""
+        text = "; ".join(f"last {w} steps: final entropy GRPO {mean_std([x[f'entropy@{w}'] for x in clip])[0]:.3f}, "
+                         f"Band-KL minus GRPO {ci(paired(band, clip, f'entropy@{w}'))}" for w in ws)
+        label = f"no no-clip arm: {why}" if reading == "no no-clip arm" else reading
+        text = text if reading == "no no-clip arm" else f"{why}; {text}"
+    else:
+        reading, text = across([(w, *_entropy_reading(clip, noclip, band, f"entropy@{w}")) for w in ws])
+        label = reading
     return reading, [
         f"(control) Did the clip act? {check}",
-        f"(2) BandPO keeps entropy ~10x higher than GRPO: **{label}** ({why}final entropy {finals}, Band-KL / GRPO "
-        f"{ratio:.2f}; paired differences, mean ± s.e. over {nb} seeds: {diffs}; {acc})"]
+        f"(2) BandPO keeps entropy ~10x higher than GRPO (\"supports\" needs Band-KL / GRPO >= "
+        f"{SUPPORT_RATIO:.2f}, the geometric midpoint of 1x and 10x): **{label}** ({text}; {acc})"]
+
+
+def random_control(table):
+    """The random-reward regime (every run --reward random[:P]): coin rewards independent of the text make the
+    expected policy gradient zero, so an arm's entropy drift against the no-clip arm is its clip's own. Returns
+    (reading, [lines]).
+
+    1. Manipulation check (clip_acted); "not testable in this regime" where the clip barely acted; "no no-clip
+       arm" without one.
+    2. Does the clip by itself move the entropy? GRPO minus no-clip final entropy, paired by seed, at each window:
+       "the clip lowers the entropy" / "raises" (the 95% t interval excludes 0), "no effect within the margin" (the
+       interval inside ±EQUIV of GRPO's final entropy), "inconclusive (underpowered)", "inconclusive (n = 1)".
+    3. Only where the clip lowers or raises it: for every other arm, drift_fraction's f and its interval, read by
+       fraction_label at each window.
+    """
+    clip, noclip = _arm(table, "clip"), _arm(table, "noclip")
+    out = [RANDOM_NA.format(regime(table))]
+    if not clip:
+        return None, out
+    acted, check = clip_acted(clip)
+    out.append(f"(control) Did the clip act? {check}")
+    head = "(R) Does the clip by itself move the entropy (GRPO minus no-clip final entropy, paired by seed)?"
+    if not noclip:
+        return "no no-clip arm", out + [f"{head} **no no-clip arm**: under coin rewards every arm is read against it"]
+    ws = windows(table, "entropy")
+
+    def moved(w):
+        key = f"entropy@{w}"
+        d, margin = paired(clip, noclip, key), EQUIV * mean_std([x[key] for x in clip])[0]
+        label = {"above": "the clip raises the entropy", "below": "the clip lowers the entropy",
+                 "equivalent": "no effect within the margin", "underpowered": "inconclusive (underpowered)"
+                 }.get(weigh(d, margin), f"inconclusive (n = {d.n})")
+        return w, label, f"{ci(d)}, margin ±{margin:.3f}"
+
+    reading, text = across([moved(w) for w in ws])
+    if acted is False:
+        reading, text = "not testable in this regime", f"the clip barely acted; {text}"
+    out.append(f"{head} **{reading}** ({text})")
+    if reading not in ("the clip lowers the entropy", "the clip raises the entropy"):
+        return reading, out
+    for config, runs in table.items():
+        if config[0] in ("clip", "noclip"):
+            continue
+        per_w = []
+        for w in ws:
+            f, lo, hi, n = drift_fraction(runs, clip, noclip, f"entropy@{w}")
+            per_w.append((w, fraction_label(f, lo, hi, n), f"f = {f:.2f}, 95% paired-bootstrap interval "
+                          f"[{lo:.2f}, {hi:.2f}] ({BOOTSTRAP} resamples of {n} seeds)"))
+        label, text = across(per_w)
+        out.append(f"(R) {arm_name(config)}: the fraction of the clip's drift it removes, f = (arm - GRPO) / "
+                   f"(no-clip - GRPO), a ratio of paired means: **{label}** ({text})")
+    return reading, out
+
+
+def claim3(table):
+    """(3) Band-KL clips far fewer p < 0.2 tokens upward than GRPO, at each window: "reproduced" needs the paired
+    difference's 95% t interval below 0 and Band-KL's rate at most half GRPO's (the claim's "far fewer")."""
+    band, base = table.get(("bandkl", 0.05)), table.get(("clip", 0.05))
+    if not band or not base:
+        return []
+
+    def read(w):
+        key = f"clip/low_p_upper_rate@{w}"
+        lb, lg = (mean_std([x[key] for x in t])[0] for t in (band, base))
+        d = paired(band, base, key)
+        side = weigh(d, 0.0)
+        v = (f"inconclusive (n = {d.n})" if d.n < 2 else "reproduced" if side == "below" and lb <= 0.5 * lg
+             else "partly reproduced: fewer, but not far fewer" if side == "below"
+             else "not reproduced (more)" if side == "above" else "not distinguishable at this scale")
+        ratio = f"{lb / lg:.2f}" if lg > 0 else "–"
+        return w, v, f"rate {lb:.4f} vs {lg:.4f}, Band-KL / GRPO {ratio}; difference {ci(d, '.4f')}"
+
+    label, text = across([read(w) for w in windows(table, "clip/low_p_upper_rate")])
+    return [f"(3) BandPO clips far fewer p < 0.2 tokens at the upper bound (\"reproduced\": at most half GRPO's "
+            f"rate): **{label}** ({text})"]
+
+
+def verdicts(table, evals="the last evaluation"):
+    """Plain verdicts for the paper's three claims, Band-KL (delta 0.05) against GRPO (clip) and clip-higher.
+
+    (1): "reproduced" needs a paired difference of >= 2 points whose 95% t interval excludes 0; "not reproduced"
+    an interval wholly below 2 points; else "not distinguishable at this scale"; "inconclusive (n = 1)" below two
+    paired seeds; "not testable in this regime" where GRPO's clip barely acted (clip_acted). `evals` names the
+    accuracy read. (2): entropy_control, or random_control under coin rewards (where (1) does not apply). (3): claim3.
+    """
+    if is_random(regime(table)):
+        return random_control(table)[1] + claim3(table)
+    band = table.get(("bandkl", 0.05))
+    acted = clip_acted(_arm(table, "clip"))[0] if _arm(table, "clip") else None
+    out = []
+    for base_name in ("clip", "clip-higher"):
+        base = table.get((base_name, 0.05))
+        if not band or not base:
+            continue
+        d = paired(band, base, "mean@n", scale=100)
+        v = (f"inconclusive (n = {d.n})" if d.n < 2 else "reproduced" if d.mean >= 2 and d.mean - d.half > 0
+             else "not reproduced" if d.mean + d.half < 2 else "not distinguishable at this scale")
+        if acted is False:
+            v = "not testable in this regime (the clip barely acted)"
+        out.append(f"(1) BandPO beats {base_name} by >= 2 points of mean@n: **{v}** (Band-KL minus {base_name} "
+                   f"{ci(d, '.1f')} points, {evals})")
+    return out + entropy_control(table)[1] + claim3(table)
 
 
 def one_seed_check(table):
@@ -323,54 +586,13 @@ def one_seed_check(table):
     return [line + " (one seed: no s.e., so no reading)"]
 
 
-def verdicts(table):
-    """Plain verdicts for the paper's three claims, Band-KL (delta 0.05) against GRPO (clip) and clip-higher.
-
-    (1) and (3): "reproduced" needs the paper's effect size and a difference larger than two standard errors of
-    the per-seed differences; "not reproduced" needs the opposite, or a smaller effect, beyond two standard
-    errors; anything else is "not distinguishable at this scale". Where GRPO's clip barely acted (clip_acted),
-    Band-KL and GRPO run nearly the same updates, so (1) is "not testable in this regime". (3) measures the clip
-    itself and needs no control. (2), the entropy, is read against the no-clip arm by `entropy_control`.
-    """
-    band = table.get(("bandkl", 0.05))
-    acted = clip_acted(_arm(table, "clip"))[0] if _arm(table, "clip") else None
-    out = []
-    for base_name in ("clip", "clip-higher"):
-        base = table.get((base_name, 0.05))
-        if not band or not base:
-            continue
-        d, se, n = paired(band, base, "mean@n", scale=100)
-        if d >= 2 and d > 2 * se:
-            v = "reproduced"
-        elif d + 2 * se < 2:
-            v = "not reproduced"
-        else:
-            v = "not distinguishable at this scale"
-        if acted is False:
-            v = "not testable in this regime (the clip barely acted)"
-        out.append(f"(1) BandPO beats {base_name} by >= 2 points of mean@n: **{v}** "
-                   f"(difference {d:+.1f} ± {se:.1f} points, mean ± s.e. of the per-seed differences, n = {n})")
-    out += entropy_control(table)[1]
-    base = table.get(("clip", 0.05))
-    if band and base:
-        lb, lg = (mean_std([x["clip/low_p_upper_rate"] for x in t])[0] for t in (band, base))
-        d, se, n = paired(band, base, "clip/low_p_upper_rate")
-        if lb <= 0.5 * lg and -d > 2 * se:
-            v = "reproduced"
-        elif -d > 2 * se:
-            v = "partly reproduced: fewer, but not far fewer"
-        elif d > 2 * se:
-            v = "not reproduced (more)"
-        else:
-            v = "not distinguishable at this scale"
-        out.append(f"(3) BandPO clips far fewer p < 0.2 tokens at the upper bound: **{v}** "
-                   f"(rate {lb:.4f} vs {lg:.4f}; difference {d:+.4f} ± {se:.4f}, n = {n})")
-    return out
-
-
 def markdown(table, verdict_lines, n_seeds, max_steps):
-    pk = next((x["pass_k"] for runs in table.values() for x in runs if x["pass_k"]), "pass@n")
-    lines = [f"{n_seeds} seeds x {max_steps} steps; mean ± std over seeds; step metrics averaged over the last 5 steps.",
+    pk = next((x["pass_k"] for runs in table.values() for x in runs if x.get("pass_k")), "pass@n")
+    reward = regime(table)
+    coins = f" Training rewards: coins (--reward {reward})." if is_random(reward) else ""
+    lines = [f"{n_seeds} seeds x {max_steps} steps; mean ± std over seeds; step metrics averaged over the last 5 steps."
+             f"{coins} Verdicts: differences paired by seed, mean ± half-width of the 95% t interval; step metrics "
+             f"read at the last {' and the last '.join(map(str, WINDOWS))} steps.",
              "", f"| method | δ | mean@n (%) | {pk} (%) | entropy | clip frac | upper-clip rate, p < 0.2 | train reward |",
              "|---|---|---|---|---|---|---|---|"]
     for (method, delta), runs in table.items():
@@ -412,6 +634,34 @@ def plot(curves_by_config, path, title="Toy-scale comparison (mean over seeds; b
     fig.savefig(path, dpi=110)
 
 
+def load_tables(results):
+    """{name: table} of the summaries in `results`: compare.json (step metrics over the last 5 steps, summarize_run's
+    default) and horizon.json (the last 10, horizon.WINDOW), each given the other's window where both hold the same
+    configs and seed count (rows pair by position, as both files list seeds in order). Older rows gain
+    `entropy@w` / `clip/low_p_upper_rate@w` from their own window; nothing is recomputed."""
+    tables = {}
+    for name, own in (("compare", {"entropy@5": "entropy", "clip/low_p_upper_rate@5": "clip/low_p_upper_rate"}),
+                      ("horizon", {"entropy@10": "entropy"})):
+        path = os.path.join(results, f"{name}.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                raw = json.load(f)
+            tables[name] = {(k.rsplit("|", 1)[0], float(k.rsplit("|", 1)[1])): rows for k, rows in raw.items()}
+            for x in (x for rows in tables[name].values() for x in rows):
+                for new, old in own.items():
+                    x.setdefault(new, x[old])
+    if not tables:
+        sys.exit(f"compare.py: error: neither compare.json nor horizon.json in {results!r}")
+    if len(tables) == 2:
+        for a, b in (("compare", "horizon"), ("horizon", "compare")):
+            for config, rows in tables[a].items():
+                other = tables[b].get(config, [])
+                for x, y in zip(rows, other) if len(rows) == len(other) else ():
+                    for k in (k for k in y if "@" in k and k.split("@")[0] in WINDOWED):
+                        x.setdefault(k, y[k])
+    return tables
+
+
 def main():
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -425,42 +675,54 @@ def main():
     p.add_argument("--max-steps", type=int, default=40)
     p.add_argument("--nproc", type=int, default=2, help="ranks per run (torchrun --nproc_per_node)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once, each on its own cores (CPU)")
+    p.add_argument("--reward", default=None, help="train.py --reward of every new run (random[:P]: coin rewards)")
     p.add_argument("--runs-dir", default=os.path.join(ROOT, "runs", "compare"))
     p.add_argument("--results", default=os.path.join(ROOT, "experiments", "results", "toy"),
                    help="directory of compare.{md,json} (default: the toy comparison's)")
     p.add_argument("--figure", default=os.path.join(ROOT, "figures", "toy_compare.png"), help="PNG path")
     p.add_argument("--title", default="Toy-scale comparison (mean over seeds; band = min..max)", help="figure title")
     p.add_argument("--plot-only", action="store_true")
+    p.add_argument("--from-json", action="store_true",
+                   help="re-issue compare.md from <results>/compare.json (and horizon.json); no training, no figure")
     p.add_argument("--verbose", action="store_true", help="show train.py's output")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
 
-    runs = [(method, delta, seed) for seed in seeds for method, delta in configs(args)]   # seed-major: early
-    seconds = {} if args.plot_only else train_all(args, runs, extra)                        # seeds cover all methods
-    t_total = sum(seconds.values())
-    table, curves = {}, {}
-    for method, delta in configs(args):
-        for seed in seeds:
-            run_dir = os.path.join(args.runs_dir, run_name(method, delta, seed))
-            if not finished(run_dir, args.max_steps):
-                continue
-            rows, eval_key, c = load_run(run_dir)
-            table.setdefault((method, delta), []).append(
-                {**summarize_run(rows, eval_key), "seed": str(seed), **clip_counts(run_dir)})
-            label = f"{method} δ={delta:g}" if method.startswith("band") else method
-            curves.setdefault(label, []).append(c)
-    lines = (verdicts(table) if max(map(len, table.values()), default=0) > 1
-             else [ONE_SEED] + one_seed_check(table))
+    if args.from_json:
+        table = load_tables(args.results).get("compare")
+        if table is None:
+            sys.exit(f"compare.py: error: no compare.json in {args.results!r}")
+        seeds = range(max(map(len, table.values())))
+    else:
+        runs = [(method, delta, seed) for seed in seeds for method, delta in configs(args)]   # seed-major: early
+        seconds = {} if args.plot_only else train_all(args, runs, extra)                        # seeds cover all
+        table, curves = {}, {}
+        for method, delta in configs(args):
+            for seed in seeds:
+                run_dir = os.path.join(args.runs_dir, run_name(method, delta, seed))
+                if not finished(run_dir, args.max_steps):
+                    continue
+                rows, eval_key, c = load_run(run_dir)
+                table.setdefault((method, delta), []).append({**summarize_run(rows, eval_key), "seed": str(seed),
+                                                              "reward": run_reward(run_dir), **clip_counts(run_dir)})
+                curves.setdefault(arm_name((method, delta)), []).append(c)
+    try:
+        regime(table)   # every run on one --reward, also with one seed
+        lines = (verdicts(table) if max(map(len, table.values()), default=0) > 1
+                 else [ONE_SEED] + one_seed_check(table))
+    except ValueError as e:
+        sys.exit(f"compare.py: error: {e}")
     md = markdown(table, lines, len(seeds), args.max_steps)
     os.makedirs(args.results, exist_ok=True)
     with open(os.path.join(args.results, "compare.md"), "w") as f:
         f.write(md)
-    with open(os.path.join(args.results, "compare.json"), "w") as f:
-        json.dump({f"{m}|{d}": runs for (m, d), runs in table.items()}, f, indent=1)
-    plot(curves, args.figure, args.title)
+    if not args.from_json:
+        with open(os.path.join(args.results, "compare.json"), "w") as f:
+            json.dump({f"{m}|{d}": runs for (m, d), runs in table.items()}, f, indent=1)
+        plot(curves, args.figure, args.title)
     print(md)
-    if t_total:
-        print(f"total training wall time {t_total / 60:.1f} min")
+    if not args.from_json and sum(seconds.values()):
+        print(f"total training wall time {sum(seconds.values()) / 60:.1f} min")
 
 
 if __name__ == "__main__":

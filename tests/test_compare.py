@@ -1,12 +1,13 @@
-"""experiments/compare.py's verdicts on hand-built runs: the entropy claim read against the no-clip control arm.
+"""experiments/compare.py's statistics and verdicts on hand-built runs.
 
-Every expected label and number below is worked out by hand in the comment beside it. The rules (compare.py,
-`entropy_control`): the manipulation check first (did GRPO's clip act, and does the no-clip arm's final entropy
-differ from GRPO's beyond two paired s.e.), then the reading, with the guard that an arm whose held-out accuracy ends
-below its start is "degenerate"; all paired by seed.
+Every expected label and number below is worked out by hand in the comment beside it: a paired difference is read
+through its 95% t interval, mean ± t(0.975, n - 1) x sd / sqrt(n), with t(0.975, 2) = 4.303 for three seeds (any
+statistics table); "no difference" needs that interval inside ±10% of GRPO's final entropy; every step-metric
+reading is made at the last 5 and the last 10 steps.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,118 +18,180 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import compare  # noqa: E402
 
-CLIP = [0.10, 0.12, 0.14]   # GRPO's final entropy in seeds 0, 1, 2
+T2 = 4.303                  # t(0.975, df = 2), from a table
+CLIP = [0.10, 0.12, 0.14]   # GRPO's final entropy in seeds 0, 1, 2: mean 0.12, so the margin is ±0.012
 
 
-def arm(entropy, start=(0.30, 0.30, 0.30), final=(0.40, 0.40, 0.40), clips=(300, 300, 300), steps=100):
-    """One method's per-seed summaries, as compare.py and horizon.py build them."""
-    return [{"seed": str(i), "entropy": e, "mean@n_start": s, "mean@n": f, "clip/n_low_p_upper": c, "steps": steps,
-             "clip/low_p_upper_rate": 0.02} for i, (e, s, f, c) in enumerate(zip(entropy, start, final, clips))]
+def arm(entropy, start=(0.30, 0.30, 0.30), final=(0.40, 0.40, 0.40), clips=(300, 300, 300), steps=100,
+        entropy10=None, rate=(0.02, 0.02, 0.02), reward=None):
+    """One method's per-seed summaries, as compare.py and horizon.py build them; the last-10-step entropy is
+    the last-5-step one unless given."""
+    rows = []
+    for i, (e, e10, s, f, c, r) in enumerate(zip(entropy, entropy10 or entropy, start, final, clips, rate)):
+        rows.append({"seed": str(i), "entropy": e, "entropy@5": e, "entropy@10": e10, "mean@n_start": s,
+                     "mean@n": f, "clip/n_low_p_upper": c, "steps": steps, "clip/low_p_upper_rate": r,
+                     "clip/low_p_upper_rate@5": r, "clip/low_p_upper_rate@10": r})
+        if reward:
+            rows[-1]["reward"] = reward
+    return rows
 
 
 def plus(base, offsets):
     return [b + o for b, o in zip(base, offsets)]
 
 
-def table(noclip=None, band=None, clip=None):
+def table(noclip=None, band=None, clip=None, **others):
     out = {("clip", 0.05): clip or arm(CLIP)}
     if noclip is not None:
         out[("noclip", 0.05)] = noclip
     out[("bandkl", 0.05)] = band or arm(CLIP)
+    out.update(others)
     return out
 
 
-# no-clip above GRPO: differences 0.10, 0.12, 0.11 (mean 0.11, sd 0.01, s.e. 0.0058; beyond two s.e.)
-NOCLIP_ABOVE = plus(CLIP, [0.10, 0.12, 0.11])
-# Band-KL near no-clip: Band-KL minus GRPO 0.12, 0.115, 0.125 (mean 0.12, s.e. 0.0029: above); minus no-clip +0.02,
-# -0.005, +0.015 (mean 0.01, sd 0.0132, s.e. 0.0076: 1.3 s.e., within two)
-BAND_NEAR_NOCLIP = plus(CLIP, [0.12, 0.115, 0.125])
+# --- the statistics ------------------------------------------------------------------------------------------------
+
+def test_t_quantiles_match_a_table():
+    # t(0.975): df 1 12.706, df 2 4.303, df 4 2.776, df 30 2.042, df 40 2.021, df 60 2.000, df 120 1.980
+    for df, t in ((1, 12.706), (2, 4.303), (4, 2.776), (30, 2.042), (40, 2.021), (60, 2.000), (120, 1.980)):
+        assert compare.t975(df) == pytest.approx(t, abs=1e-3)
 
 
-def test_not_testable_when_noclip_matches_clip():
-    # no-clip minus GRPO: +0.04, -0.01, +0.02: mean 0.0167, sd 0.0252, s.e. 0.0145; 1.1 s.e., within two
-    reading, (check, line) = compare.entropy_control(table(noclip=arm(plus(CLIP, [0.04, -0.01, 0.02])),
-                                                           band=arm(plus(CLIP, [0.11, 0.11, 0.11]))))
-    assert reading == "not testable in this regime"
-    assert "+0.017 ± 0.015 (n = 3): **does not differ beyond two s.e.**" in check
-    assert "**acted**" in check
-    assert "300.0 p < 0.2 tokens upward per run (300–300 over 3 seeds, 3.00 per step" in check
-    assert "**not testable in this regime** (no-clip ≈ GRPO" in line
+def test_paired_t_interval_by_hand():
+    # differences 0.10, 0.12, 0.11: mean 0.11, sd 0.01, half-width 4.303 x 0.01 / sqrt(3) = 0.024843
+    a, b = arm([0.20, 0.30, 0.25]), arm([0.10, 0.18, 0.14])
+    d = compare.paired(a, b, "entropy")
+    assert d.n == 3 and d.mean == pytest.approx(0.11, abs=1e-12)
+    assert d.half == pytest.approx(T2 * 0.01 / math.sqrt(3), rel=1e-9)
+    assert compare.ci(d) == "+0.110 ± 0.025 (95% t interval, n = 3)"
+    # pairs by seed: b lacks seed 1, so the differences are seed 0's 0.10 and seed 2's 0.11 (not 0.12 by position):
+    # mean 0.105, sd 0.00707, half-width 12.706 x 0.00707 / sqrt(2) = 0.0635
+    d = compare.paired(a, [b[0], b[2]], "entropy")
+    assert d.n == 2 and d.mean == pytest.approx(0.105) and d.half == pytest.approx(12.706 * 0.005, rel=1e-6)
+    one = compare.paired(a, [b[2]], "entropy")
+    assert one.n == 1 and math.isnan(one.half) and compare.ci(one) == "+0.110 (n = 1: no interval)"
 
 
-def test_supports_when_band_matches_noclip_above_clip():
-    reading, (check, line) = compare.entropy_control(table(noclip=arm(NOCLIP_ABOVE), band=arm(BAND_NEAR_NOCLIP)))
-    assert reading == "supports"
-    assert "+0.110 ± 0.006 (n = 3): **differs beyond two s.e.**" in check
-    # finals: GRPO 0.12, no-clip 0.23, Band-KL 0.24; ratio 0.24 / 0.12 = 2.00; accuracy +10 points everywhere
-    assert "**supports**" in line
-    assert "final entropy GRPO 0.120, no-clip 0.230, Band-KL 0.240, Band-KL / GRPO 2.00" in line
-    assert "Band-KL minus GRPO +0.120 ± 0.003" in line and "Band-KL minus no-clip +0.010 ± 0.008" in line
-    assert "GRPO +10.0 ± 0.0, no-clip +10.0 ± 0.0, Band-KL +10.0 ± 0.0 points" in line
-
-
-def test_does_not_reproduce_when_band_matches_clip():
-    # Band-KL minus GRPO: +0.02, -0.005, +0.015 (mean 0.01, s.e. 0.0076: 1.3 s.e., within two); minus no-clip:
-    # -0.08, -0.125, -0.095 (mean -0.1, sd 0.0229, s.e. 0.0132: below)
-    reading, (_, line) = compare.entropy_control(table(noclip=arm(NOCLIP_ABOVE),
-                                                       band=arm(plus(CLIP, [0.02, -0.005, 0.015]))))
-    assert reading == "does not reproduce" and "**does not reproduce** (no-clip above GRPO, Band-KL ≈ GRPO" in line
-    assert "Band-KL minus GRPO +0.010 ± 0.008" in line and "Band-KL minus no-clip -0.100 ± 0.013" in line
-
-
-@pytest.mark.parametrize("band_offsets, why", [
-    ([0.05, 0.07, 0.06], "between GRPO and no-clip"),   # minus GRPO 0.06 ± 0.006, minus no-clip -0.05 ± 0
-    ([0.0, 0.1, 0.2], "within two s.e. of both"),       # minus GRPO 0.1 ± 0.058, minus no-clip -0.01 ± 0.055
-    ([0.11, 0.17, 0.14], "above no-clip"),              # minus no-clip +0.01, +0.05, +0.03: 0.03 ± 0.012
-    ([-0.10, -0.12, -0.11], "Band-KL below GRPO"),      # minus GRPO -0.11 ± 0.006: "does not reproduce"
+@pytest.mark.parametrize("mean, half, n, side", [
+    (0.0, 0.004, 3, "equivalent"),       # [-0.004, 0.004] inside ±0.005
+    (0.003, 0.001, 5, "equivalent"),     # [0.002, 0.004]: apart from 0, yet inside the margin
+    (0.010, 0.004, 3, "above"),          # [0.006, 0.014]
+    (-0.010, 0.004, 3, "below"),
+    (0.0, 0.010, 3, "underpowered"),     # [-0.01, 0.01]: neither inside ±0.005 nor apart from 0
+    (0.02, math.nan, 1, "n = 1"),
 ])
-def test_other_combinations_get_an_honest_label(band_offsets, why):
-    reading, (_, line) = compare.entropy_control(table(noclip=arm(NOCLIP_ABOVE), band=arm(plus(CLIP, band_offsets))))
-    assert reading == ("does not reproduce" if why == "Band-KL below GRPO" else "inconclusive") and why in line
+def test_weigh(mean, half, n, side):
+    assert compare.weigh(compare.Diff(mean, half, n), 0.005) == side
 
 
-def test_noclip_below_clip_is_inconclusive():
-    reading, (check, line) = compare.entropy_control(table(noclip=arm(plus(CLIP, [-0.05, -0.06, -0.04]))))
-    assert reading == "inconclusive" and "no-clip below GRPO" in line and "-0.050 ± 0.006" in check
+# --- claim (2) against the no-clip arm -----------------------------------------------------------------------------
+
+def test_not_testable_needs_the_noclip_interval_below_the_margin():
+    # no-clip minus GRPO +0.004, -0.002, +0.001: mean 0.001, sd 0.003, half 4.303 x 0.003 / sqrt(3) = 0.00745:
+    # [-0.0065, +0.0085], below +0.012 -> not testable
+    reading, (check, line) = compare.entropy_control(table(noclip=arm(plus(CLIP, [0.004, -0.002, 0.001]))))
+    assert reading == "not testable in this regime"
+    assert "last 5 steps: +0.001 ± 0.007 (95% t interval, n = 3) against +0.012: **not above GRPO by more" in check
+    assert "**acted**" in check and "300.0 p < 0.2 tokens upward per run (300–300 over 3 seeds, 3.00 per step" in check
+    assert "**not testable in this regime** (last 5 steps: no-clip not above GRPO by more than the margin" in line
+    assert "(no-clip within ±margin of GRPO)" in line and "margin ±0.012" in line
+
+
+def test_a_merely_insignificant_difference_is_underpowered():
+    # no-clip minus GRPO +0.04, -0.01, +0.02: mean 0.0167, sd 0.0252, half 4.303 x 0.0145 = 0.0625: [-0.046, +0.079]
+    # reaches past +0.012 and below 0 -> underpowered (two s.e., 0.029, would have called it "does not differ")
+    reading, (check, line) = compare.entropy_control(table(noclip=arm(plus(CLIP, [0.04, -0.01, 0.02]))))
+    assert reading == "inconclusive (underpowered)"
+    assert "+0.017 ± 0.063 (95% t interval, n = 3) against +0.012: **underpowered**" in check
+
+
+def test_noclip_below_clip_is_not_testable():
+    # -0.05, -0.06, -0.04: mean -0.05, half 4.303 x 0.01 / sqrt(3) = 0.0248: [-0.075, -0.025], below +0.012
+    reading, (_, line) = compare.entropy_control(table(noclip=arm(plus(CLIP, [-0.05, -0.06, -0.04]))))
+    assert reading == "not testable in this regime" and "(no-clip below GRPO)" in line
+    assert "no-clip minus GRPO -0.050 ± 0.025 (95% t interval, n = 3)" in line
+
+
+def test_one_paired_seed_is_inconclusive():
+    # no-clip ran seed 2 only: one pair (0.25 - 0.14 = +0.11), no interval
+    reading, (check, line) = compare.entropy_control(table(noclip=[arm(plus(CLIP, [0.10, 0.12, 0.11]))[2]]))
+    assert reading == "inconclusive (n = 1)" and "+0.110 (n = 1: no interval)" in check
+
+
+NOCLIP_UP = plus(CLIP, [0.30, 0.32, 0.31])   # minus GRPO: mean 0.31, half 0.0248: above
+NOCLIP_ABOVE = plus(CLIP, [0.10, 0.12, 0.11])   # minus GRPO: mean 0.11, half 0.0248: above
+
+
+def test_supports_needs_the_claimed_size():
+    # Band-KL = no-clip + 0.002, -0.001, +0.002: minus no-clip mean 0.001, sd 0.001732, half 4.303 x 0.001 = 0.0043:
+    # inside ±0.012. Band-KL mean 0.12 + 0.311 = 0.431, / GRPO 0.12 = 3.59 >= sqrt(10) = 3.16 -> supports
+    reading, (_, line) = compare.entropy_control(table(noclip=arm(NOCLIP_UP), band=arm(plus(NOCLIP_UP,
+                                                                                          [0.002, -0.001, 0.002]))))
+    assert reading == "supports" and "Band-KL / GRPO 3.59" in line and "Band-KL / GRPO >= 3.16" in line
+    assert "Band-KL minus no-clip +0.001 ± 0.004 (95% t interval, n = 3)" in line
+    # no-clip only 0.11 above, Band-KL = no-clip + 0.002, -0.001, +0.005 (0.002 ± 4.303 x 0.003 / sqrt(3) =
+    # 0.0075, inside ±0.012): Band-KL 0.232 / 0.12 = 1.93 < 3.16: the direction only
+    reading, (_, line) = compare.entropy_control(table(noclip=arm(NOCLIP_ABOVE), band=arm(plus(NOCLIP_ABOVE,
+                                                                                             [0.002, -0.001, 0.005]))))
+    assert reading == "supports the direction, not the size" and "Band-KL / GRPO 1.93 < 3.16" in line
+    # a 5% effect, Band-KL / GRPO 1.05: no-clip +0.005, +0.007, +0.006 ends at 0.006 + 0.0025 < +0.012: the clip
+    # does not hold the entropy down by more than the margin, so no reading of Band-KL at all
+    small = plus(CLIP, [0.005, 0.007, 0.006])
+    assert compare.entropy_control(table(noclip=arm(small), band=arm(small)))[0] == "not testable in this regime"
+
+
+@pytest.mark.parametrize("band_offsets, reading, why", [
+    # minus GRPO +0.002, -0.001, +0.002 (inside ±0.012); minus no-clip -0.098, -0.121, -0.108: below
+    ([0.002, -0.001, 0.002], "does not reproduce", "Band-KL below no-clip and not above GRPO"),
+    # minus GRPO 0.06 ± 0.025: above; minus no-clip -0.05 three times (sd 0): below
+    ([0.05, 0.07, 0.06], "inconclusive", "between GRPO and no-clip"),
+    # minus no-clip +0.05 three times: above
+    ([0.15, 0.17, 0.16], "inconclusive", "above no-clip"),
+    # minus GRPO 0.1 ± 0.248, minus no-clip -0.01 ± 0.237: neither resolved
+    ([0.0, 0.1, 0.2], "inconclusive (underpowered)", "resolved against neither"),
+    # minus GRPO -0.11 ± 0.025: below
+    ([-0.10, -0.12, -0.11], "does not reproduce", "Band-KL below no-clip and not above GRPO"),
+])
+def test_other_combinations_get_an_honest_label(band_offsets, reading, why):
+    got, (_, line) = compare.entropy_control(table(noclip=arm(NOCLIP_ABOVE), band=arm(plus(CLIP, band_offsets))))
+    assert got == reading and why in line
+
+
+SUPPORTS = dict(noclip=arm(NOCLIP_UP), band=arm(plus(NOCLIP_UP, [0.002, -0.001, 0.002])))
 
 
 @pytest.mark.parametrize("band_final, reading", [
-    # Band-KL's accuracy: start 30%; final 25, 28, 31% -> change -5, -2, +1: mean -2 < 0 -> degenerate
-    ((0.25, 0.28, 0.31), "degenerate"),
-    # final 29, 31, 33% -> -1, +1, +3: mean +1 -> not degenerate
-    ((0.29, 0.31, 0.33), "supports"),
+    ((0.25, 0.28, 0.31), "degenerate"),   # accuracy 30% -> 25, 28, 31%: -5, -2, +1, mean -2 < 0
+    ((0.29, 0.31, 0.33), "supports"),     # -1, +1, +3: mean +1
 ])
 def test_degenerate_guard_on_band(band_final, reading):
-    got, (_, line) = compare.entropy_control(table(noclip=arm(NOCLIP_ABOVE),
-                                                   band=arm(BAND_NEAR_NOCLIP, final=band_final)))
+    t = dict(SUPPORTS, band=arm(plus(NOCLIP_UP, [0.002, -0.001, 0.002]), final=band_final))
+    got, (_, line) = compare.entropy_control(table(**t))
     assert got == reading
-    if reading == "degenerate":
-        assert "Band-KL's extra entropy comes with accuracy below its start" in line
-        assert "Band-KL -2.0 ± 1.7 points (below the start: Band-KL)" in line
-    else:
-        assert "below the start" not in line
+    # -5, -2, +1: sd 3, half 4.303 x 3 / sqrt(3) = 7.45
+    assert ("Band-KL -2.0 ± 7.5 (95% t interval, n = 3) (below the start: Band-KL)" in line) == (reading != "supports")
 
 
 def test_degenerate_guard_on_noclip():
-    # no-clip's accuracy 30% -> 20% in every seed: -10 points; its higher entropy is not read as "more entropy"
-    reading, (_, line) = compare.entropy_control(table(noclip=arm(NOCLIP_ABOVE, final=(0.2, 0.2, 0.2)),
-                                                       band=arm(BAND_NEAR_NOCLIP)))
-    assert reading == "degenerate" and "no-clip's extra entropy" in line
-    assert "no-clip -10.0 ± 0.0, Band-KL +10.0 ± 0.0 points (below the start: no-clip)" in line
+    reading, (_, line) = compare.entropy_control(table(noclip=arm(NOCLIP_UP, final=(0.2, 0.2, 0.2)),
+                                                       band=SUPPORTS["band"]))
+    assert reading == "degenerate" and "no-clip's extra entropy" in line and "(below the start: no-clip)" in line
 
 
-def test_no_noclip_arm():
-    reading, (check, line) = compare.entropy_control(table(band=arm(BAND_NEAR_NOCLIP)))
-    assert reading == "no no-clip arm" and check.endswith("**acted**; no no-clip arm")
-    assert ("**no no-clip arm: cannot tell 'Band does not help' from 'the clip does not drive the entropy here'** "
-            "(final entropy GRPO 0.120, Band-KL 0.240") in line
-    # an older json without counts: the rate is named instead, and the reading is the same
-    no_counts = table(clip=arm(CLIP, clips=(None, None, None)))
-    reading, (check, _) = compare.entropy_control(no_counts)
-    assert reading == "no no-clip arm" and "clip/low_p_upper_rate, is 0.0200): **not counted**" in check
-    # one run without its batch shape: the runs are not counted at all, rather than counted in part
-    _, (check, _) = compare.entropy_control(table(clip=arm(CLIP, clips=(300, None, 300))))
-    assert "**not counted**" in check
+def test_the_reading_must_hold_at_both_windows():
+    # last 5 steps: no-clip +0.004, -0.002, +0.001 (not testable, as above); last 10 steps: +0.04, -0.01, +0.02
+    # (underpowered, as above): the windows disagree
+    noclip = arm(plus(CLIP, [0.004, -0.002, 0.001]), entropy10=plus(CLIP, [0.04, -0.01, 0.02]))
+    reading, (check, line) = compare.entropy_control(table(noclip=noclip))
+    assert reading == "inconclusive (window-dependent)"
+    assert "last 5 steps: no-clip not above GRPO" in line and "last 10 steps: no-clip's interval reaches both" in line
+    assert "last 10 steps: +0.017 ± 0.063 (95% t interval, n = 3) against +0.012: **underpowered**" in check
+    # rows holding one window only (an older summary): that window, and the other named as missing
+    t = table(noclip=arm(plus(CLIP, [0.004, -0.002, 0.001])))
+    for x in (x for runs in t.values() for x in runs):
+        del x["entropy@10"]
+    reading, (_, line) = compare.entropy_control(t)
+    assert reading == "not testable in this regime" and "last 10 steps: not in these numbers" in line
 
 
 @pytest.mark.parametrize("clips, acted", [
@@ -137,37 +200,160 @@ def test_no_noclip_arm():
     ((20, 25, 29), False),     # mean 0.2467
 ])
 def test_manipulation_check_clip_did_not_act(clips, acted):
-    # the supports configuration: only the clip counts decide
-    reading, (check, line) = compare.entropy_control(table(clip=arm(CLIP, clips=clips), noclip=arm(NOCLIP_ABOVE),
-                                                           band=arm(BAND_NEAR_NOCLIP)))
+    reading, (check, line) = compare.entropy_control(table(clip=arm(CLIP, clips=clips), **SUPPORTS))
     assert reading == ("supports" if acted else "not testable in this regime")
     assert ("**acted**" in check) == acted and ("**barely acted (< 0.25 per step)**" in check) == (not acted)
     if not acted:
         assert "**not testable in this regime** (the clip barely acted" in line
 
 
-def test_noclip_pairs_by_seed_and_needs_two():
-    # no-clip ran seed 2 only: one pair, no spread -> inconclusive, not "differs"
-    noclip = [arm(NOCLIP_ABOVE)[2]]
-    reading, (check, line) = compare.entropy_control(table(noclip=noclip))
-    assert reading == "inconclusive" and "fewer than two seeds" in line
-    assert "+0.110 ± 0.000 (n = 1)" in check   # seed 2: 0.25 - 0.14, not seed 0's 0.20 - 0.10
+def test_no_noclip_arm():
+    reading, (check, line) = compare.entropy_control(table(band=SUPPORTS["band"]))
+    assert reading == "no no-clip arm" and check.endswith("**acted**; no no-clip arm")
+    assert "**no no-clip arm: cannot tell 'Band does not help' from 'the clip does not drive the entropy here'**" in line
+    # Band-KL minus GRPO 0.302, 0.319, 0.312: mean 0.311, sd 0.00854, half 4.303 x 0.00493 = 0.0212
+    assert "last 5 steps: final entropy GRPO 0.120, Band-KL minus GRPO +0.311 ± 0.021 (95% t interval, n = 3)" in line
+    reading, (check, _) = compare.entropy_control(table(clip=arm(CLIP, clips=(None, None, None))))
+    assert reading == "no no-clip arm" and "clip/low_p_upper_rate, is 0.0200): **not counted**" in check
+    _, (check, _) = compare.entropy_control(table(clip=arm(CLIP, clips=(300, None, 300))))
+    assert "**not counted**" in check
 
 
-def test_accuracy_verdict_uses_the_paired_standard_error():
-    # Band-KL 40, 45, 50%; GRPO 38, 41, 49%: differences 2, 4, 1 -> mean 2.33, sd 1.53, paired s.e. 0.88:
-    # >= 2 and > 2 s.e. -> reproduced (the unpaired s.e., sqrt(5^2/3 + 5.69^2/3) = 4.37, would not be)
-    band = arm(CLIP, final=(0.40, 0.45, 0.50))
-    clip = arm(CLIP, final=(0.38, 0.41, 0.49))
-    line = compare.verdicts(table(band=band, clip=clip))[0]
-    assert line.startswith("(1) BandPO beats clip") and "**reproduced** (difference +2.3 ± 0.9 points" in line
+# --- claims (1) and (3) ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("band_final, label, shown", [
+    # differences 3, 4, 3.5 points: mean 3.5, sd 0.5, half 4.303 x 0.2887 = 1.24: >= 2 and above 0
+    ((0.43, 0.44, 0.435), "reproduced", "+3.5 ± 1.2"),
+    # 2, 4, 1: mean 2.33, half 4.303 x 0.882 = 3.80: [-1.5, 6.1] (two s.e., 1.76, would have said "reproduced")
+    ((0.42, 0.44, 0.41), "not distinguishable at this scale", "+2.3 ± 3.8"),
+    # 1.0, 1.2, 1.1: mean 1.1, half 0.25: apart from 0 but the whole interval below the claim's 2 points
+    ((0.41, 0.412, 0.411), "not reproduced", "+1.1 ± 0.2"),
+])
+def test_accuracy_verdict(band_final, label, shown):
+    t = table(band=arm(CLIP, final=band_final), clip=arm(CLIP, final=(0.40, 0.40, 0.40)))
+    line = compare.verdicts(t)[0]
+    assert line.startswith("(1) BandPO beats clip by >= 2 points")
+    assert f"**{label}** (Band-KL minus clip {shown} (95% t interval, n = 3) points, the last evaluation)" in line
 
 
-def _write(run_dir, steps, eval_rows=(), cfg=True):
+def test_accuracy_verdict_needs_two_seeds_and_the_clip_to_act():
+    # one Band-KL seed (+3 points): no interval, no reading
+    t = table(band=arm([0.1], final=[0.43]), clip=arm(CLIP, final=(0.40, 0.40, 0.40)))
+    assert "**inconclusive (n = 1)** (Band-KL minus clip +3.0 (n = 1: no interval) points" in compare.verdicts(t)[0]
+    t = table(band=arm(CLIP, final=(0.43, 0.44, 0.435)), clip=arm(CLIP, final=(0.4,) * 3, clips=(20, 20, 20)))
+    assert "**not testable in this regime (the clip barely acted)**" in compare.verdicts(t)[0]
+
+
+@pytest.mark.parametrize("band_rate, label", [
+    # minus GRPO (0.02) -0.012, -0.013, -0.011: mean -0.012, half 4.303 x 0.000577 = 0.0025: below; 0.008 / 0.02 = 0.40
+    ((0.008, 0.007, 0.009), "reproduced"),
+    # -0.004, -0.005, -0.003: below; 0.016 / 0.02 = 0.80 > 0.5
+    ((0.016, 0.015, 0.017), "partly reproduced: fewer, but not far fewer"),
+    ((0.024, 0.025, 0.023), "not reproduced (more)"),
+    # -0.01, +0.01, 0: mean 0, half 0.0248
+    ((0.010, 0.030, 0.020), "not distinguishable at this scale"),
+])
+def test_claim3(band_rate, label):
+    line = compare.claim3(table(band=arm(CLIP, rate=band_rate)))[0]
+    assert f"**{label}**" in line and "at most half GRPO's rate" in line
+    if label == "reproduced":
+        assert "last 5 steps: rate 0.0080 vs 0.0200, Band-KL / GRPO 0.40; difference -0.0120 ± 0.0025" in line
+
+
+def test_claim3_window_dependent_and_one_seed():
+    band = arm(CLIP, rate=(0.008, 0.007, 0.009))
+    for x, r10 in zip(band, (0.010, 0.030, 0.020)):   # reproduced at 5 steps, not distinguishable at 10
+        x["clip/low_p_upper_rate@10"] = r10
+    assert "**inconclusive (window-dependent)**" in compare.claim3(table(band=band))[0]
+    assert "**inconclusive (n = 1)**" in compare.claim3(table(band=arm([0.1], rate=[0.008])))[0]
+
+
+# --- the random-reward regime --------------------------------------------------------------------------------------
+
+def coins(noclip_offsets, band_fraction=None, n=3, reward="random"):
+    """A coin-reward table: GRPO at CLIP, no-clip at CLIP + offsets, Band-KL `band_fraction` of the way from GRPO
+    to no-clip in every seed."""
+    clip = CLIP[:n]
+    noclip = plus(clip, noclip_offsets)
+    band = plus(clip, [band_fraction * o for o in noclip_offsets]) if band_fraction is not None else clip
+    return table(clip=arm(clip, reward=reward), noclip=arm(noclip, reward=reward), band=arm(band, reward=reward))
+
+
+@pytest.mark.parametrize("offsets, reading", [
+    ([0.05, 0.06, 0.04], "the clip lowers the entropy"),    # GRPO minus no-clip -0.05 ± 0.025
+    ([-0.05, -0.06, -0.04], "the clip raises the entropy"),
+    ([0.001, -0.001, 0.0], "no effect within the margin"),  # 0 ± 4.303 x 0.001 / sqrt(3) = 0.0025, inside ±0.012
+    ([0.1, -0.1, 0.05], "inconclusive (underpowered)"),     # -0.0167 ± 0.259
+])
+def test_random_regime_asks_whether_the_clip_moves_the_entropy(offsets, reading):
+    lines = compare.verdicts(coins(offsets, band_fraction=0.5))
+    assert lines[0].startswith("(1), (2a), (2b) and the held-out-accuracy guard do not apply") and "random" in lines[0]
+    assert lines[1].startswith("(control) Did the clip act?") and "**acted**" in lines[1]
+    assert lines[2].startswith("(R) Does the clip by itself move the entropy") and f"**{reading}**" in lines[2]
+    fraction = [x for x in lines if x.startswith("(R) bandkl δ=0.05")]
+    moved = reading.startswith("the clip")
+    assert len(fraction) == int(moved) and lines[-1].startswith("(3)")
+    if moved:
+        # f = 0.5 in every seed, so in every resample: the interval is [0.50, 0.50]
+        assert "**removes part of it** (last 5 steps: f = 0.50, 95% paired-bootstrap interval [0.50, 0.50]" in fraction[0]
+    if reading == "the clip lowers the entropy":
+        assert "-0.050 ± 0.025 (95% t interval, n = 3), margin ±0.012" in lines[2]
+
+
+def test_random_regime_one_seed_window_dependence_and_a_weak_clip():
+    t = coins([0.05, 0.06, 0.04])
+    t[("noclip", 0.05)] = t[("noclip", 0.05)][:1]   # no-clip finished seed 0 only
+    assert "**inconclusive (n = 1)** (last 5 steps: -0.050 (n = 1: no interval)" in compare.random_control(t)[1][2]
+    # last 5 steps: lowers; last 10 steps: GRPO and no-clip equal -> no effect: window-dependent, and no f
+    t = coins([0.05, 0.06, 0.04], band_fraction=0.5)
+    for x, c in zip(t[("noclip", 0.05)], CLIP):
+        x["entropy@10"] = c
+    reading, lines = compare.random_control(t)
+    assert reading == "inconclusive (window-dependent)" and not any(x.startswith("(R) bandkl") for x in lines)
+    t = coins([0.05, 0.06, 0.04], band_fraction=0.5)
+    for x in t[("clip", 0.05)]:
+        x["clip/n_low_p_upper"] = 10   # 0.1 per step
+    assert compare.random_control(t)[0] == "not testable in this regime"
+
+
+def test_drift_fraction_interval_by_hand():
+    # two seeds: no-clip minus GRPO 0.1 in both; Band-KL minus GRPO 0.02 and 0.08: f 0.2 and 0.8 per seed, 0.5
+    # pooled. A resample is {0, 0} (f 0.2, probability 1/4), {0, 1} (0.5, 1/2) or {1, 1} (0.8, 1/4): each end
+    # holds a quarter of the draws, so the 2.5% and 97.5% points are 0.2 and 0.8
+    clip, noclip, band = arm([0.1, 0.1]), arm([0.2, 0.2]), arm([0.12, 0.18])
+    f, lo, hi, n = compare.drift_fraction(band, clip, noclip, "entropy")
+    assert (n, f, lo, hi) == (2, pytest.approx(0.5), pytest.approx(0.2), pytest.approx(0.8))
+    assert compare.fraction_label(f, lo, hi, n) == "removes part of it"
+
+
+@pytest.mark.parametrize("lo, hi, label", [
+    (0.9, 1.1, "removes the clip's drift (as no-clip)"),
+    (-0.1, 0.1, "keeps the clip's drift (as GRPO)"),
+    (-0.5, 1.5, "inconclusive (underpowered)"),
+    (1.2, 1.4, "beyond no-clip"),
+    (-0.4, -0.2, "beyond GRPO"),
+    (0.2, 0.8, "removes part of it"),
+])
+def test_fraction_labels(lo, hi, label):
+    assert compare.fraction_label((lo + hi) / 2, lo, hi, 3) == label
+    assert compare.fraction_label(0.5, math.nan, math.nan, 1) == "inconclusive (n = 1)"
+
+
+def test_mixed_reward_regimes_are_refused():
+    t = coins([0.05, 0.06, 0.04])
+    t[("noclip", 0.05)] = arm(CLIP, reward="math-verify")
+    with pytest.raises(ValueError, match=r"mix training rewards \['math-verify', 'random'\]"):
+        compare.verdicts(t)
+    assert compare.regime(table()) == "math-verify"   # rows without a reward: train.py's default
+
+
+# --- the command line: hand-built runs -------------------------------------------------------------------------------
+
+def _write(run_dir, steps, eval_rows=(), cfg=True, reward=None):
     os.makedirs(run_dir)
     if cfg:
         with open(os.path.join(run_dir, "config.json"), "w") as f:
-            json.dump({"prompts_per_step": 4, "group_size": 8}, f)
+            json.dump({"prompts_per_step": 4, "group_size": 8, **({"reward": reward} if reward else {})}, f)
     with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
         for row in list(eval_rows) + steps:
             f.write(json.dumps(row) + "\n")
@@ -191,26 +377,32 @@ def test_clip_counts_rebuilt_from_rates(tmp_path):
                                                         "clip/first_step": 2}
 
 
-def _write_arm(root, method, seed, entropy, clips_per_step):
+def _write_arm(root, method, seed, entropy, clips_per_step, reward=None):
     # 20 steps of 32 x 10 = 320 tokens; `clips_per_step` p < 0.2 upward clips a step (all upward clips are p < 0.2)
     steps = [_step(t, clips_per_step / 320, clips_per_step / 320, 10, 1.0, entropy=entropy) for t in range(1, 21)]
     evals = [{"step": t, "eval/t/mean@4": 0.3 + t / 100, "eval/t/pass@4": 0.5} for t in (0, 10, 20)]
-    _write(str(root / f"{method}-d0.05-s{seed}"), steps[:10] + [evals[1]] + steps[10:] + [evals[2]], [evals[0]])
+    _write(str(root / f"{method}-d0.05-s{seed}"), steps[:10] + [evals[1]] + steps[10:] + [evals[2]], [evals[0]],
+           reward=reward)
 
 
-@pytest.mark.parametrize("seeds", ["0", "0,1"])
+def _compare(tmp_path, seeds, *extra):
+    return subprocess.run([sys.executable, "experiments/compare.py", "--plot-only", "--methods", "clip,noclip,bandkl",
+                           "--bandkl-deltas", "", "--seeds", seeds, "--max-steps", "20", "--runs-dir", str(tmp_path),
+                           "--results", str(tmp_path / "res"), "--figure", str(tmp_path / "c.png"), *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("seeds", ["0", "0,1,2"])
 def test_compare_cli_with_a_noclip_arm(tmp_path, seeds):
-    # GRPO's entropy 0.10 + 0.01 seed, no-clip 0.30 + 0.02 seed, Band-KL 0.29 + 0.03 seed; GRPO clips 2 p < 0.2
-    # tokens a step (40 per run). Paired: no-clip minus GRPO 0.20, 0.21 (mean 0.205, s.e. 0.005); Band-KL minus
-    # GRPO 0.19, 0.21 (s.e. 0.01); Band-KL minus no-clip -0.01, 0.0 (mean -0.005, s.e. 0.005): supports.
-    for seed in (0, 1):
+    # GRPO's entropy 0.10 + 0.01 seed, no-clip 0.40 + 0.02 seed, Band-KL 0.40 + 0.02 seed + 0.001 (seed 1: -0.001);
+    # GRPO clips 2 p < 0.2 tokens a step (40 per run). No-clip minus GRPO 0.30, 0.31, 0.32: mean 0.31, half 0.0248:
+    # above. Band-KL minus no-clip +0.001, -0.001, +0.001: mean 0.00033, half 4.303 x 0.00067 = 0.0029, inside
+    # ±0.011 (10% of 0.11); Band-KL / GRPO 0.42033 / 0.11 = 3.82: supports, at both windows (constant entropy)
+    for seed in (0, 1, 2):
         _write_arm(tmp_path, "clip", seed, 0.10 + 0.01 * seed, 2)
-        _write_arm(tmp_path, "noclip", seed, 0.30 + 0.02 * seed, 0)
-        _write_arm(tmp_path, "bandkl", seed, 0.29 + 0.03 * seed, 0)
-    out = subprocess.run([sys.executable, "experiments/compare.py", "--plot-only", "--methods", "clip,noclip,bandkl",
-                          "--bandkl-deltas", "", "--seeds", seeds, "--max-steps", "20", "--runs-dir", str(tmp_path),
-                          "--results", str(tmp_path / "res"), "--figure", str(tmp_path / "c.png")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+        _write_arm(tmp_path, "noclip", seed, 0.40 + 0.02 * seed, 0)
+        _write_arm(tmp_path, "bandkl", seed, 0.40 + 0.02 * seed + (0.001 if seed != 1 else -0.001), 0)
+    out = _compare(tmp_path, seeds)
     assert out.returncode == 0, out.stderr
     md = (tmp_path / "res" / "compare.md").read_text()
     assert "| noclip | – |" in md
@@ -218,23 +410,57 @@ def test_compare_cli_with_a_noclip_arm(tmp_path, seeds):
     assert [x["clip/n_low_p_upper"] for x in runs["clip|0.05"]] == [40] * len(seeds.split(","))
     assert runs["noclip|0.05"][0]["clip/n_low_p_upper"] == 0 and runs["clip|0.05"][0]["clip/first_step"] == 1
     assert runs["clip|0.05"][0]["mean@n_start"] == pytest.approx(0.30) and runs["clip|0.05"][0]["seed"] == "0"
+    assert runs["clip|0.05"][0]["entropy@10"] == pytest.approx(0.10) and runs["clip|0.05"][0]["reward"] == "math-verify"
     if seeds == "0":
         assert "no verdicts" in md and "**" not in md
     else:
-        assert "40.0 p < 0.2 tokens upward per run (40–40 over 2 seeds, 2.00 per step" in md
-        assert "+0.205 ± 0.005 (n = 2): **differs beyond two s.e.**" in md
-        assert "**supports** (no-clip above GRPO, Band-KL ≈ no-clip" in md
+        assert "40.0 p < 0.2 tokens upward per run (40–40 over 3 seeds, 2.00 per step" in md
+        assert "last 5 steps: +0.310 ± 0.025 (95% t interval, n = 3) against +0.011: **above GRPO**" in md
+        assert "**supports** (last 5 steps: no-clip above GRPO, Band-KL within the margin" in md
+        assert "Band-KL / GRPO 3.82" in md
 
 
-@pytest.mark.parametrize("clips, label", [
-    ((20, 30, 10), "not testable in this regime (the clip barely acted)"),   # 0.2 per step
-    ((25, 25, 25), "reproduced"),                                            # 0.25 per step: the rule's label
-    ((None, None, None), "reproduced"),                                      # not counted: the rule's label
-])
-def test_accuracy_verdict_needs_the_clip_to_act(clips, label):
-    band = arm(CLIP, final=(0.40, 0.45, 0.50))
-    clip = arm(CLIP, final=(0.38, 0.41, 0.49), clips=clips)
-    assert f"**{label}** (difference +2.3 ± 0.9 points" in compare.verdicts(table(band=band, clip=clip))[0]
+def test_compare_cli_random_regime_and_mixed_rewards(tmp_path):
+    # coins: GRPO 0.10 + 0.01 seed, no-clip 0.15 + 0.01 seed (the clip lowers the entropy by 0.05 in every seed),
+    # Band-KL 0.14 + 0.01 seed: f = 0.04 / 0.05 = 0.8 in every seed and every resample
+    for seed in (0, 1):
+        _write_arm(tmp_path, "clip", seed, 0.10 + 0.01 * seed, 2, reward="random")
+        _write_arm(tmp_path, "noclip", seed, 0.15 + 0.01 * seed, 0, reward="random")
+        _write_arm(tmp_path, "bandkl", seed, 0.14 + 0.01 * seed, 0, reward="random")
+    out = _compare(tmp_path, "0,1")
+    assert out.returncode == 0, out.stderr
+    md = (tmp_path / "res" / "compare.md").read_text()
+    assert "Training rewards: coins (--reward random)." in md and "(1) BandPO beats" not in md
+    assert "**the clip lowers the entropy** (last 5 steps: -0.050 ± 0.000 (95% t interval, n = 2)" in md
+    assert "**removes part of it** (last 5 steps: f = 0.80, 95% paired-bootstrap interval [0.80, 0.80]" in md
+    _write_arm(tmp_path, "clip", 2, 0.1, 2, reward="math-verify")
+    _write_arm(tmp_path, "noclip", 2, 0.1, 0, reward="random")
+    _write_arm(tmp_path, "bandkl", 2, 0.1, 0, reward="random")
+    out = _compare(tmp_path, "0,1,2")
+    assert out.returncode == 1
+    assert out.stderr.strip() == ("compare.py: error: the runs mix training rewards ['math-verify', 'random']; "
+                                  "a comparison needs one --reward")
+
+
+def test_compare_from_json_reads_both_windows(tmp_path):
+    # compare.json holds the last-5-step numbers, horizon.json the last-10-step ones (same seeds, in order): the
+    # re-issue reads no-clip minus GRPO at both. 5 steps: +0.004, -0.002, +0.001 (not testable); 10 steps: +0.04,
+    # -0.01, +0.02 (underpowered): window-dependent
+    rows = lambda ent: [{"entropy": e, "mean@n": 0.4, "pass@n": 0.5, "pass_k": "pass@4", "clip/frac": 0.01,  # noqa
+                         "clip/low_p_upper_rate": 0.02, "reward/mean": 0.5} for e in ent]
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "compare.json").write_text(json.dumps({"clip|0.05": rows(CLIP), "noclip|0.05": rows(
+        plus(CLIP, [0.004, -0.002, 0.001])), "bandkl|0.05": rows(CLIP)}))
+    (res / "horizon.json").write_text(json.dumps({"clip|0.05": rows(CLIP), "noclip|0.05": rows(
+        plus(CLIP, [0.04, -0.01, 0.02])), "bandkl|0.05": rows(CLIP)}))
+    out = subprocess.run([sys.executable, "experiments/compare.py", "--from-json", "--results", str(res),
+                          "--max-steps", "40"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    md = (res / "compare.md").read_text()
+    assert md.startswith("3 seeds x 40 steps") and "**inconclusive (window-dependent)**" in md
+    assert "(3) BandPO clips" in md and "last 10 steps: not in these numbers" in md   # the rate: 5 steps only
+    assert json.load(open(res / "compare.json"))["clip|0.05"] == rows(CLIP)          # the summary is left as it was
 
 
 def test_one_seed_reports_the_manipulation_check_without_a_reading():
@@ -251,7 +477,6 @@ def test_one_seed_reports_the_manipulation_check_without_a_reading():
     assert "(0.240 per step, below the 0.25 floor)" in one(24)[0]
     assert "; no no-clip arm;" in one(5)[0]
     assert one(None) == []  # without the counts (older runs) there is nothing to report
-    # runs of different seeds are not differenced
     other = arm([0.15], clips=[0])
     other[0]["seed"] = "1"
     assert "no-clip ran another seed" in compare.one_seed_check(table(noclip=other, clip=arm([0.1])))[0]

@@ -39,20 +39,22 @@ def test_delay_is_paired_by_seed_not_by_position():
     table = {("clip", 0.05): [{"seed": "0", "half_entropy_step": 50}, {"seed": "1", "half_entropy_step": 60},
                               {"seed": "2", "half_entropy_step": 90}],
              ("bandkl", 0.05): [{"seed": "0", "half_entropy_step": 50}, {"seed": "2", "half_entropy_step": 90}]}
-    assert "delay +0 ± 0 steps" in horizon.entropy_collapse_verdicts(table, 300)[1]
+    assert "delay +0 ± 0 (95% t interval, n = 2) steps" in horizon.entropy_collapse_verdicts(table, 300)[1]
 
 
 @pytest.mark.parametrize("clip_steps, band_steps, a, b", [
-    # delays 251, 241, 231: mean 241 >= 15 (a quarter of 60) and > 2 s.e. (2 x 10 / sqrt 3)
+    # delays 251, 241, 231: mean 241, sd 10, half 4.303 x 10 / sqrt(3) = 24.8: >= 15 (a quarter of 60), above 0
     ([50, 60, 70], [None, None, None], "reproduced", "reproduced"),
-    # delays -10, 0, -40: mean -16.7, s.e. 12.0: -16.7 + 24.0 < 15
-    ([50, 60, 70], [40, 60, 30], "reproduced", "not reproduced"),
-    # delays 30, -10, 231: mean 83.7, s.e. 74.6: neither 83.7 > 149 nor 83.7 + 149 < 15
+    # delays 0, 2, -1: mean 0.33, sd 1.53, half 3.8: the interval ends at 4.1 < 15
+    ([50, 60, 70], [50, 62, 69], "reproduced", "not reproduced"),
+    # delays -10, 0, -40: mean -16.7, sd 20.8, half 51.7: ends at 35 > 15 (two s.e., 24, said "not reproduced")
+    ([50, 60, 70], [40, 60, 30], "reproduced", "not distinguishable"),
+    # delays 30, -10, 231: mean 83.7, half 321
     ([50, 60, 70], [80, 50, None], "reproduced", "not distinguishable"),
-    # one seed, delay 9 < a quarter of 77 (se 0): not reproduced
-    ([77], [86], "reproduced", "not reproduced"),
+    # one seed: no interval
+    ([77], [86], "inconclusive (n = 1)", "inconclusive (n = 1)"),
     ([None, None, None], [None, None, None], "not reproduced", "not distinguishable"),
-    # delays 251, 0, 0: mean 83.7, s.e. 83.7
+    # delays 251, 0, 0: mean 83.7, half 360
     ([50, None, None], [None, None, None], "not distinguishable", "not distinguishable"),
 ])
 def test_entropy_collapse_verdict_rules(clip_steps, band_steps, a, b):
@@ -63,8 +65,21 @@ def test_entropy_collapse_verdict_rules(clip_steps, band_steps, a, b):
     assert vb.startswith("(2b)") and f"**{b}" in vb
 
 
-def _write_run(path, n_steps, entropy, eval_every, method_bounds):
+def test_collapse_verdict_states_its_sizes():
+    # GRPO's final entropy 0.05 of a 0.20 start (0.25); the material delay a quarter of mean(50, 60, 70) = 15 steps
+    table = {("clip", 0.05): [{"half_entropy_step": s, "entropy": 0.05, "entropy_start": 0.2} for s in (50, 60, 70)],
+             ("bandkl", 0.05): [{"half_entropy_step": s} for s in (50, 62, 69)]}
+    va, vb = horizon.entropy_collapse_verdicts(table, 300)
+    assert "final entropy (last 10 steps) 0.25 of the start" in va
+    assert "(by >= a quarter of GRPO's half-entropy step, 15 steps): **not reproduced**" in vb
+    assert "delay +0 ± 4 (95% t interval, n = 3) steps" in vb   # 0.33 ± 3.79
+
+
+def _write_run(path, n_steps, entropy, eval_every, method_bounds, reward=None):
     os.makedirs(path)
+    if reward:
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump({"prompts_per_step": 4, "group_size": 8, "reward": reward}, f)
     lo, hi = method_bounds
     with open(os.path.join(path, "metrics.jsonl"), "w") as f:
         for step in range(1, n_steps + 1):
@@ -73,6 +88,7 @@ def _write_run(path, n_steps, entropy, eval_every, method_bounds):
                    "band/out_upper_frac": 0.03, "band/out_lower_frac": 0.04, "reward/mean": 0.5}
             for b in horizon.BINS:
                 row[f"band/out_upper_frac_p{b}"], row[f"band/out_lower_frac_p{b}"] = 0.1, 0.2
+                row[f"clip/frac_p{b}"] = 0.05 if lo > 0 else 0.0
             if step % eval_every == 0:
                 row.update({"eval/t/mean@4": step / 100, "eval/t/pass@1": step / 100, "eval/t/pass@4": step / 50})
             f.write(json.dumps(row) + "\n")
@@ -99,6 +115,10 @@ def test_horizon_cli_on_hand_built_runs(tmp_path):
     assert clip["entropy_at"]["20"] == pytest.approx(0.2 - 0.01 * (20 - 5.5)) and set(clip["mean@n_at"]) == {"10", "20"}
     md = (tmp_path / "res" / "horizon.md").read_text()
     assert "16 ± 0 (2/2)" in md and "not reached by 20 (0/2)" in md and "(2a)" in md
+    # the bins table: above / below the band / clipped, per bin
+    assert "| clip | 0.1000 / 0.2000 / 0.0500 |" in md
+    # the verdicts' windows: the last 5 steps of 0.2 - 0.01 (t - 1) are 0.05 .. 0.01, mean 0.03; the last 10, 0.055
+    assert clip["entropy@5"] == pytest.approx(0.03) and clip["entropy@10"] == pytest.approx(0.055)
     assert (tmp_path / "h.png").stat().st_size > 0 and (tmp_path / "h_bins.png").stat().st_size > 0
 
 
@@ -137,46 +157,116 @@ def test_horizon_refuses_unfinished_runs(tmp_path):
 
 def test_compare_train_cmd_starts_resumes_and_skips(tmp_path):
     class A:
-        runs_dir, max_steps, nproc = str(tmp_path), 10, 1
+        runs_dir, max_steps, nproc, reward = str(tmp_path), 10, 1, None
     cmd = compare.train_cmd(A, "clip", 0.05, 3, ["--lr", "3e-4"], port=29601)
     assert cmd[-5:] == ["--out-dir", str(tmp_path / "clip-d0.05-s3"), "--no-export-hf", "--lr", "3e-4"]
+    A.reward = "random"   # --reward goes before the flags after `--`, which win where they repeat it
+    cmd = compare.train_cmd(A, "clip", 0.05, 3, ["--reward", "random:0.3"], port=29601)
+    assert cmd[-5:] == ["--no-export-hf", "--reward", "random", "--reward", "random:0.3"]
     assert " --method clip --delta 0.05 --seed 3 --max-steps 10 " in " ".join(cmd) and "29601" in cmd
     run = tmp_path / "clip-d0.05-s3"
     run.mkdir()
-    (run / "config.json").write_text("{}")
+    (run / "config.json").write_text('{"reward": "random"}')
     (run / "metrics.jsonl").write_text('{"step": 4}\n')
     assert compare.train_cmd(A, "clip", 0.05, 3, [], port=29601)[-4:] == ["--resume", str(run), "--max-steps", "10"]
+    A.reward = "math-verify"   # a resume keeps the run's own reward: another is refused, naming both
+    with pytest.raises(SystemExit, match="was trained with --reward 'random', not 'math-verify'"):
+        compare.train_cmd(A, "clip", 0.05, 3, [], port=29601)
+    A.reward = None
     (run / "metrics.jsonl").write_text('{"step": 4}\n{"step": 10}\n')
     assert compare.train_cmd(A, "clip", 0.05, 3, [], port=29601) is None
 
 
 @pytest.mark.parametrize("reading, label", [
-    (None, "not reproduced"),                    # the delay rule alone: delays -10, 0, -40 (see above)
-    ("supports", "not reproduced"),              # the regime can test the claim: the delay rule's label stays
-    ("does not reproduce", "not reproduced"),
+    (None, "not distinguishable"),               # the delay rule alone: delays -10, 0, -40 (see above)
+    ("supports", "not distinguishable"),         # the regime can test the claim: the delay rule's label stays
+    ("supports the direction, not the size", "not distinguishable"),
+    ("does not reproduce", "not distinguishable"),
     ("not testable in this regime", "not testable in this regime (see (2))"),
     ("no no-clip arm", "no no-clip arm (see (2))"),
-    ("degenerate", "degenerate (see (2))"),
+    ("inconclusive (window-dependent)", "inconclusive (window-dependent) (see (2))"),
 ])
 def test_delay_verdict_defers_to_the_control(reading, label):
     table = {("clip", 0.05): [{"half_entropy_step": s} for s in (50, 60, 70)],
              ("bandkl", 0.05): [{"half_entropy_step": s} for s in (40, 60, 30)]}
     vb = horizon.entropy_collapse_verdicts(table, 300, reading)[1]
-    assert f"**{label}**" in vb and "delay -17 ± 12 steps" in vb
+    # delays -10, 0, -40: mean -16.7, sd 20.8, half 4.303 x 20.8 / sqrt(3) = 51.7
+    assert f"**{label}" in vb and "delay -17 ± 52 (95% t interval, n = 3) steps" in vb
+
+
+def _horizon(tmp_path, *extra):
+    return subprocess.run([sys.executable, "experiments/horizon.py", str(tmp_path), "--results",
+                           str(tmp_path / "res"), "--figure", str(tmp_path / "h.png"), *extra], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_horizon_cli_with_a_noclip_arm(tmp_path):
-    # no-clip's entropy equals GRPO's in both seeds: paired difference 0 ± 0 -> "not testable in this regime"; the
-    # hand-built runs carry no batch shape, so GRPO's clips are not counted and the rate (0.02) is named instead
+    # no-clip's entropy equals GRPO's in both seeds: paired difference 0 ± 0, below the margin -> "not testable in
+    # this regime"; the hand-built runs carry no batch shape, so GRPO's clips are not counted and the rate (0.02) is
+    # named instead
     for seed in range(2):
         for method, lo_hi in (("bandkl", (0.7, 2.0)), ("noclip", (0.0, 10.0)), ("clip", (0.8, 1.2))):
             ent = (lambda t: 0.2) if method == "bandkl" else (lambda t: 0.2 - 0.01 * (t - 1))
             _write_run(tmp_path / f"{method}-d0.05-s{seed}", 20, ent, 5, lo_hi)
-    out = subprocess.run([sys.executable, "experiments/horizon.py", str(tmp_path), "--results", str(tmp_path / "res"),
-                          "--figure", str(tmp_path / "h.png")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = _horizon(tmp_path)
     assert out.returncode == 0, out.stderr
     md = (tmp_path / "res" / "horizon.md").read_text()
     rows = [line.split(" | ")[0] for line in md.splitlines() if line.startswith("| ") and "entropy" not in line]
     assert rows[:3] == ["| clip", "| noclip", "| bandkl δ=0.05"]   # the control beside GRPO
-    assert "is 0.0200): **not counted**; no-clip minus GRPO final entropy +0.000 ± 0.000 (n = 2)" in md
+    # margins: 10% of GRPO's last-5-step entropy 0.03 and of its last-10-step entropy 0.055
+    assert ("is 0.0200): **not counted**; no-clip minus GRPO final entropy, last 5 steps: +0.000 ± 0.000 (95% t "
+            "interval, n = 2) against +0.003: **not above GRPO by more than the margin**") in md
     assert "**not testable in this regime (see (2))**" in md and "(2) BandPO keeps entropy" in md
+    assert (tmp_path / "h_noclip.png").stat().st_size > 0 and (tmp_path / "h_bins.png").stat().st_size > 0
+
+
+def test_horizon_cli_random_regime(tmp_path):
+    # coins: GRPO's entropy 0.1 at every step, no-clip's 0.2, Band-KL's 0.15 (f = 0.5), in both seeds: the clip
+    # lowers the entropy by 0.1 (sd 0: the interval is the point); (2a) and (2b) do not apply
+    for seed in range(2):
+        for method, ent in (("clip", 0.1), ("noclip", 0.2), ("bandkl", 0.15)):
+            _write_run(tmp_path / f"{method}-d0.05-s{seed}", 20, lambda t, e=ent: e, 5, (0.8, 1.2), reward="random")
+    out = _horizon(tmp_path)
+    assert out.returncode == 0, out.stderr
+    md = (tmp_path / "res" / "horizon.md").read_text()
+    assert "Training rewards: coins (--reward random)." in md and "(2a)" not in md.split("- (1), (2a)")[1]
+    assert "**the clip lowers the entropy** (last 5 steps: -0.100 ± 0.000 (95% t interval, n = 2)" in md
+    assert "(R) bandkl δ=0.05: the fraction of the clip's drift it removes" in md
+    assert "f = 0.50, 95% paired-bootstrap interval [0.50, 0.50] (4000 resamples of 2 seeds)" in md
+    assert (tmp_path / "h_noclip.png").stat().st_size > 0
+    # one run on another reward: refused, naming both
+    _write_run(tmp_path / "clip-d0.05-s2", 20, lambda t: 0.1, 5, (0.8, 1.2), reward="random:0.3")
+    out = _horizon(tmp_path)
+    assert out.returncode == 1 and out.stderr.strip() == (
+        "horizon.py: error: the runs mix training rewards ['random', 'random:0.3']; a comparison needs one --reward")
+
+
+def test_horizon_from_json(tmp_path):
+    """--from-json re-issues horizon.md from the committed summaries: horizon.json's last-10-step entropy and
+    compare.json's last-5-step one, paired by position."""
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        _write_run(runs / f"clip-d0.05-s{seed}", 20, lambda t, s=seed: 0.1 + 0.01 * s, 5, (0.8, 1.2))
+        _write_run(runs / f"bandkl-d0.05-s{seed}", 20, lambda t, s=seed: 0.1 + 0.01 * s, 5, (0.7, 2.0))
+    assert _horizon(runs).returncode == 0
+    res = runs / "res"
+    h = json.load(open(res / "horizon.json"))
+    for rows in h.values():   # an older summary: no windowed keys
+        for x in rows:
+            for k in [k for k in x if "@" in k and k.split("@")[0] in ("entropy", "clip/low_p_upper_rate")]:
+                del x[k]
+    (res / "horizon.json").write_text(json.dumps(h))
+    # compare.json's last-5-step entropy: Band-KL 0.02 above GRPO in every seed
+    c = {k: [{"entropy": x["entropy"] + (0.02 if k.startswith("bandkl") else 0), "clip/low_p_upper_rate": 0.02}
+             for x in rows] for k, rows in h.items()}
+    (res / "compare.json").write_text(json.dumps(c))
+    before = (res / "horizon.md").read_text()
+    out = subprocess.run([sys.executable, "experiments/horizon.py", "--from-json", "--results", str(res)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    md = (res / "horizon.md").read_text()
+    assert md.split("\n- ")[0] == before.split("\n- ")[0]   # the same tables
+    # no no-clip arm; Band-KL minus GRPO: +0.020 at 5 steps, +0.000 at 10
+    assert "last 5 steps: final entropy GRPO 0.110, Band-KL minus GRPO +0.020 ± 0.000" in md
+    assert "last 10 steps: final entropy GRPO 0.110, Band-KL minus GRPO +0.000 ± 0.000" in md
+    assert "(2a) GRPO's entropy collapses" in md
