@@ -54,13 +54,32 @@ def grad_checkpointing_default(model_config, tokens, dtype_bytes, free_bytes):
     return update_memory(model_config, tokens, dtype_bytes) > free_bytes / 2
 
 
-def free_memory(device_type):
-    """Bytes free for one rank: the GPU's free memory, or on CPU the available RAM / local ranks."""
-    if device_type == "cuda":
-        return torch.cuda.mem_get_info()[0]
-    with open("/proc/meminfo") as f:
-        kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable"))
-    return kib * 1024 // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+def free_memory(device, meminfo="/proc/meminfo"):
+    """(bytes free for one rank, where they were read): this rank's GPU (`device` itself, never a
+    default GPU), or on CPU the available RAM / local ranks, from the first source that answers:
+    Linux's MemAvailable, psutil (macOS, Windows; if installed), the free pages of os.sysconf, and
+    as a last resort half the physical memory (said so in the source)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], f"torch.cuda.mem_get_info({device})"
+    free, source = None, None
+    try:
+        with open(meminfo) as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable"))
+        free, source = kib * 1024, meminfo
+    except (OSError, StopIteration, ValueError, IndexError):
+        try:
+            import psutil  # optional: not a dependency
+            free, source = psutil.virtual_memory().available, "psutil"
+        except ImportError:
+            names = os.sysconf_names
+            if "SC_AVPHYS_PAGES" in names:
+                free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+                source = "os.sysconf free pages"
+            else:
+                free = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+                source = "half the physical memory (no free-memory source)"
+    return free // int(os.environ.get("LOCAL_WORLD_SIZE", 1)), source
 
 
 def make_optimizer(model, cfg):

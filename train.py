@@ -15,6 +15,8 @@ update is on-policy (policy.on_policy) and the old-log-prob pass is skipped, as 
     python train.py --max-steps 5                                      # one process: same program
     python train.py --help                                             # every Config field a flag
 
+The flags are config.Config's fields (config.py: the dataclass and where its defaults are decided).
+
 Departures from the authors' verl recipe, on purpose (docs/design.md has the rest):
 - Rollout and training alternate on the same ranks (colocated), one vLLM engine per rank, TP = 1.
 - The paper's batch is 256 prompts x 16 samples in mini-batches of 64 prompts, 4 optimizer steps
@@ -22,30 +24,21 @@ Departures from the authors' verl recipe, on purpose (docs/design.md has the res
 - The tiny default uses lr 1e-4 (not 1e-6) and no KL: a 0.7 M-parameter model needs larger steps.
 """
 
-import argparse
 import dataclasses
-import importlib.util
-import inspect
 import json
-import math
 import os
 import random
-import re
 import resource
 import socket
 import sys
 import time
-import typing
-from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.distributed as dist
 import transformers
 from tqdm import tqdm
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 
-import band
 import data
 import eval as evaluation
 import grpo
@@ -53,201 +46,12 @@ import reward
 import rollout
 from checkpoint import (export_hf, latest_checkpoint, load_checkpoint, prune_checkpoints,
                         save_checkpoint)
+from config import (Config, decide_grad_checkpointing, method_defaults,  # noqa: F401 (re-exported)
+                    micro_batch_tokens, parse_config, resolve_config, update_memory_gb)
 from logprobs import pack
-from policy import (batch_logprobs, build_model, check_batch_shape, free_memory,
-                    grad_checkpointing_default, make_optimizer, old_policy_sums, on_policy,
-                    update_memory, update_policy)
-from precision import resolve_dtype
+from policy import (batch_logprobs, build_model, check_batch_shape,  # noqa: F401 (re-exported)
+                    make_optimizer, old_policy_sums, on_policy, update_policy)
 
-
-@dataclass
-class Config:
-    # --- method (docs/paper.md §2-3) ---
-    method: str = "bandkl"            # band.BOUNDS: clip, clip-higher, noclip, dcpo, bandkl, ...
-    delta: float = 0.05               # f-divergence radius of the Band (not TRL's ratio cap)
-    eps_low: Optional[float] = None   # clip/dcpo lower epsilon; unset = the method's (band.EPS)
-    eps_high: Optional[float] = None  # clip/dcpo upper epsilon; unset = the method's (band.EPS)
-    max_ratio: float = 10.0           # cap on the upper ratio bound (the authors' upper_bound_max)
-    clip_c: Optional[float] = 10.0    # dual-clip constant c for negative advantages; 0 turns it off
-    agg: str = "seq-mean-token-mean"  # loss aggregation (grpo.AGG_MODES); default: the paper's
-    norm_by_std: bool = True          # GRPO's std-normalised advantages (False: Dr. GRPO's)
-    kl_coef: float = 0.0              # KL-to-reference coefficient (paper: 0.001 with low_var_kl)
-    kl_kind: str = "low_var_kl"       # grpo.kl_penalty kind: k1, k2, k3, low_var_kl
-    # --- the engine is not the trainer (docs/design.md) ---
-    old_logp: str = "trainer"         # π_old: trainer (recomputed, the paper) or engine log-probs
-    rollout_is: str = "none"          # correction of the engine's sampling, grpo.rollout_is_weights
-    rollout_is_max: float = 3.0       # its upper cap on ρ (TRL's vllm_importance_sampling_clip_max)
-    rollout_is_min: float = 0.0       # its lower bound on ρ; 0 = none (ρ > 0)
-    # --- model and data ---
-    model: str = ""                   # HF id or local path; "" = the tiny rollout.DEFAULT_MODEL
-    data: str = ""                    # data.load names or paths, comma-separated; "" = model's task
-    eval_data: str = ""               # held-out sets, comma-separated; "" = --data's test split
-    reward: str = "math-verify"       # scorer: math-verify, dapo, or random[:P] (coins; no text read)
-    reward_correct: float = 1.0       # reward of a correct final answer
-    reward_incorrect: float = 0.0     # reward of a wrong or missing final answer (paper: -1)
-    # --- batch shape ---
-    prompts_per_step: int = 32        # prompts per rollout step, all ranks together (paper: 256)
-    group_size: int = 8               # completions per prompt, G (paper: 16)
-    mini_batch_prompts: int = 8       # prompts per optimizer step (paper: 64)
-    micro_batch_size: int = 64        # sequences per forward/backward on one rank
-    micro_batch_tokens: int = 0       # or rows sorted by length, <= N padded tokens each; 0 = off
-    max_prompt_len: int = 64          # prompts longer than this (tokens) are dropped (paper: 1024)
-    max_new_tokens: int = 16          # response length limit (paper: 4096)
-    temperature: float = 1.0          # rollout temperature; log-probs use logits / T (paper: 1.0)
-    top_p: float = 1.0                # rollout top-p; training needs 1.0 (log-probs: full softmax)
-    # --- optimisation ---
-    lr: float = 1e-4                  # AdamW learning rate, constant (paper: 1e-6)
-    weight_decay: float = 0.0         # AdamW weight decay
-    grad_clip: float = 1.0            # global grad-norm clip
-    max_steps: int = 60               # rollout steps
-    grad_checkpointing: Optional[bool] = None  # recompute activations; unset = decided by memory
-    share_prompt: bool = False        # run each prompt once for its G completions; no checkpointing
-    train_dtype: str = "auto"         # compute dtype, fp32 master weights: auto = bf16 where native
-    # --- engines, logging, checkpoints ---
-    rollout: str = "auto"             # rollout engine: vllm, hf, auto (vLLM when importable)
-    rollout_dtype: str = "auto"       # engine weights: auto (as --train-dtype), float32, bfloat16
-    gpu_memory_utilization: float = 0.5  # vLLM's GPU share (weights, KV cache); sleeps in updates
-    verbose: bool = False             # also show vLLM's INFO logs (or set VLLM_LOGGING_LEVEL)
-    eval_every: int = 10              # evaluate every k steps, at step 0 and at the end; 0 = never
-    eval_n: int = 4                   # samples per held-out prompt (paper: 32) -> mean@n, pass@k
-    eval_prompts: int = 128           # held-out prompts per evaluation (0 = all)
-    save_every: int = 20              # checkpoint every k steps and at the end; 0 = only at the end
-    keep_checkpoints: int = 0         # keep the newest k checkpoints (~12 B/param each); 0 = all
-    out_dir: str = ""                 # run directory; "" = runs/<timestamp>-<method>
-    resume: str = ""                  # run directory (or checkpoint) to continue from
-    seed: int = 0                     # seeds data order, sampling and everything else random
-    wandb: str = ""                   # wandb project name; "" = off
-    export_hf: bool = True            # save_pretrained the final model into <out_dir>/hf
-
-
-def parse_config(argv=None):
-    """argparse over dataclasses.fields(Config): every field is a flag (`--delta 0.05`,
-    `--no-export-hf`)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    # each field's one-line comment in Config's source is its --help text
-    comments = dict(re.findall(r"^    (\w+):.*?#\s*(.+)$", inspect.getsource(Config), re.M))
-    for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
-        # Optional[X] -> X
-        kind = next((t for t in typing.get_args(f.type) if t is not type(None)), f.type)
-        help_text = comments.get(f.name, "").replace("%", "%%")
-        if kind is bool:  # --x / --no-x; unset keeps the default (None: decided in resolve_config)
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
-        else:
-            parser.add_argument(flag, type=kind, default=f.default, help=help_text)
-    return Config(**vars(parser.parse_args(argv)))
-
-
-def resolve_config(cfg):
-    """Fill every default that depends on something else (the method's epsilons, the dtypes,
-    activation checkpointing, the run directory), once, and check every field. Raises ValueError
-    naming the value."""
-    if cfg.method not in band.BOUNDS:
-        raise ValueError(f"unknown --method {cfg.method!r}; "
-                         f"valid: {', '.join(sorted(band.BOUNDS))}")
-    if not (cfg.delta > 0 and math.isfinite(cfg.delta)):
-        raise ValueError(f"--delta must be a finite number > 0, got {cfg.delta}")
-    if cfg.old_logp not in ("trainer", "engine"):
-        raise ValueError(f"unknown --old-logp {cfg.old_logp!r}; valid: trainer, engine")
-    if cfg.rollout_is not in grpo.IS_MODES:
-        raise ValueError(f"unknown --rollout-is {cfg.rollout_is!r}; "
-                         f"valid: {', '.join(grpo.IS_MODES)}")
-    if cfg.rollout_is != "none" and cfg.old_logp == "engine":
-        raise ValueError(f"--rollout-is {cfg.rollout_is} with --old-logp engine: π_old is the "
-                         f"engine's own probability there, so every weight would be 1; use "
-                         f"--old-logp trainer")
-    if not 0 <= cfg.rollout_is_min < 1 < cfg.rollout_is_max:
-        raise ValueError(f"need 0 <= --rollout-is-min < 1 < --rollout-is-max, "
-                         f"got {cfg.rollout_is_min}, {cfg.rollout_is_max}")
-    if cfg.micro_batch_tokens < 0 or (cfg.micro_batch_tokens and cfg.share_prompt):
-        raise ValueError(f"--micro-batch-tokens must be >= 0 (0 = off) and cannot be combined with "
-                         f"--share-prompt (whose micro-batches are whole groups), "
-                         f"got {cfg.micro_batch_tokens}")
-    if reward.random_probability(cfg.reward) is None and cfg.reward not in ("math-verify", "dapo"):
-        raise ValueError(f"unknown --reward {cfg.reward!r}; valid: math-verify, dapo, random, "
-                         f"random:P")
-    if cfg.agg not in grpo.AGG_MODES:
-        raise ValueError(f"unknown --agg {cfg.agg!r}; valid: {', '.join(grpo.AGG_MODES)}")
-    if cfg.rollout not in ("auto", "vllm", "hf"):
-        raise ValueError(f"unknown --rollout {cfg.rollout!r}; valid: auto, vllm, hf")
-    if cfg.train_dtype not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"unknown --train-dtype {cfg.train_dtype!r}; "
-                         f"valid: auto, float32, bfloat16")
-    if cfg.rollout_dtype not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"unknown --rollout-dtype {cfg.rollout_dtype!r}; "
-                         f"valid: auto, float32, bfloat16")
-    if cfg.wandb and importlib.util.find_spec("wandb") is None:
-        raise ValueError(f"--wandb {cfg.wandb!r} needs the wandb package: pip install wandb")
-    if not 0 < cfg.gpu_memory_utilization < 1:
-        raise ValueError(f"--gpu-memory-utilization must be in (0, 1), "
-                         f"got {cfg.gpu_memory_utilization}")
-    if not (cfg.temperature > 0 and math.isfinite(cfg.temperature)):
-        raise ValueError(f"--temperature must be > 0 for training (log-probs divide the logits by "
-                         f"it), got {cfg.temperature}")
-    # π_old would be the truncated distribution, which the trainer's log-probs are not
-    if cfg.top_p != 1.0:
-        raise ValueError(f"--top-p must be 1.0 for training: the trainer's log-probs are those of "
-                         f"the full softmax, got {cfg.top_p}")
-    model = cfg.model or rollout.DEFAULT_MODEL
-    if not os.path.isdir(model) and (model.startswith((".", "/", "~")) or model.count("/") != 1):
-        raise ValueError(f"--model {model!r}: no such directory, and not a Hugging Face id of the "
-                         f"form org/name")
-    task = cfg.data or data.model_task(model)
-    if not task:
-        raise ValueError(f"--data is required: the model {model!r} does not name the task it "
-                         f"was built for")
-    for name in [*data.split_names(task), *data.split_names(cfg.eval_data)]:
-        data.check_name(name)
-    if cfg.group_size < 2:
-        raise ValueError(f"--group-size must be >= 2 for group advantages, got {cfg.group_size}")
-    if cfg.keep_checkpoints < 0:
-        raise ValueError(f"--keep-checkpoints must be >= 0 (0 keeps all), "
-                         f"got {cfg.keep_checkpoints}")
-    out_dir = cfg.out_dir
-    if cfg.resume:  # a resumed run continues in its own directory
-        if not os.path.isfile(os.path.join(cfg.resume, "config.json")):
-            raise ValueError(f"--resume {cfg.resume!r}: not a run directory (no config.json)")
-        out_dir = cfg.resume
-    if not out_dir:
-        out_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + "-" + cfg.method)
-    # every default is decided here, so config.json records what ran (and a resumed run keeps it)
-    recompute = cfg.grad_checkpointing
-    if recompute is None:  # by memory: the update's estimate against what the device has free
-        train_dtype = resolve_dtype(cfg.train_dtype)
-        recompute = grad_checkpointing_default(AutoConfig.from_pretrained(model),
-                                               micro_batch_tokens(cfg),
-                                               2 if train_dtype == "bfloat16" else 4,
-                                               free_memory(device_type()))
-    # the shared-prompt forward needs the prompt's KV cache, which HF drops under activation
-    # checkpointing, and micro-batches of whole groups
-    if cfg.share_prompt and (recompute or cfg.micro_batch_size % cfg.group_size):
-        raise ValueError(f"--share-prompt needs --no-grad-checkpointing (HF drops the KV cache "
-                         f"under checkpointing) and --micro-batch-size a multiple of --group-size; "
-                         f"got grad checkpointing {recompute}, micro-batch {cfg.micro_batch_size}, "
-                         f"group size {cfg.group_size}")
-    return method_defaults(dataclasses.replace(
-        cfg, model=model, data=task, out_dir=out_dir, grad_checkpointing=recompute,
-        train_dtype=resolve_dtype(cfg.train_dtype), rollout_dtype=resolve_dtype(cfg.rollout_dtype)))
-
-
-def micro_batch_tokens(cfg):
-    """The most padded tokens a micro-batch can hold: the token budget, or rows x longest row."""
-    return (cfg.micro_batch_tokens
-            or cfg.micro_batch_size * (cfg.max_prompt_len + cfg.max_new_tokens))
-
-
-def device_type():
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def method_defaults(cfg):
-    """The method's published epsilons where unset (band.EPS; None for methods without), no dual
-    clip where --clip-c <= 0."""
-    eps_low, eps_high = band.EPS.get(cfg.method, (None, None))
-    return dataclasses.replace(cfg, eps_low=eps_low if cfg.eps_low is None else cfg.eps_low,
-                               eps_high=eps_high if cfg.eps_high is None else cfg.eps_high,
-                               clip_c=(cfg.clip_c if cfg.clip_c is not None and cfg.clip_c > 0
-                                       else None))
 
 
 # --- distributed: a few explicit lines, the same path for 1 and N processes ----------------------
@@ -444,6 +248,12 @@ def main(argv=None):
     if not cfg.verbose:
         transformers.utils.logging.set_verbosity_error()
     device = init_distributed()
+    try:  # on the device this rank uses, the same on every rank
+        cfg, free, free_source = decide_grad_checkpointing(cfg, device)
+    except ValueError as e:
+        print0(f"train.py: error: {e}")
+        dist.destroy_process_group()
+        sys.exit(2)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     model = build_model(cfg, device)
     ref_model = build_model(cfg, device, trainable=False) if cfg.kl_coef > 0 else None
@@ -471,9 +281,9 @@ def main(argv=None):
     print0(f"run dir {cfg.out_dir} | {WORLD} rank(s) on {device.type} | "
            f"engine {type(engine).__name__} | method {cfg.method} delta {cfg.delta} | "
            f"{cfg.train_dtype} trainer, {cfg.rollout_dtype} engine | "
-           f"grad checkpointing {'on' if cfg.grad_checkpointing else 'off'} (update ~"
-           f"{update_memory(model.config, micro_batch_tokens(cfg), 2 if cfg.train_dtype == 'bfloat16' else 4) / 2**30:.1f}"
-           f" GB without, {free_memory(device.type) / 2**30:.0f} GB free) | "
+           f"grad checkpointing {'on' if cfg.grad_checkpointing else 'off'} (update "
+           f"~{update_memory_gb(cfg):.1f} GB without, {free / 2**30:.0f} GB free on {device} "
+           f"per rank, least of {WORLD}, from {free_source}) | "
            f"peak RSS {peak_rss_gb():.1f} GB")
 
     if start_step == 0 and cfg.eval_every:

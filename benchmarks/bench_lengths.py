@@ -128,7 +128,7 @@ def main():
         ckpt = a.grad_checkpointing
         if ckpt is None:
             ckpt = policy.grad_checkpointing_default(mcfg, train.micro_batch_tokens(cfg),
-                                                     2 if a.dtype == "bfloat16" else 4, policy.free_memory(device.type))
+                                                     2 if a.dtype == "bfloat16" else 4, policy.free_memory(device)[0])
         cfgs[name] = train.Config(**{**cfg.__dict__, "grad_checkpointing": ckpt})
     models = {}  # one model per checkpointing choice
     times = {name: [] for name, _ in settings}

@@ -1,0 +1,90 @@
+"""The configuration's memory-dependent default: activation checkpointing decided on each rank's own device, the
+same on every rank, and free memory read without /proc/meminfo (macOS).
+
+Claims checked: free memory has a portable source when /proc/meminfo is missing, bounded by the physical memory;
+two ranks whose free memory differs decide the same, from the least of them (the MIN collective); the memory
+estimate's micro-batch holds a row longer than the token budget (hand-computed).
+"""
+import os
+import socket
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import config
+import policy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "models", "tiny-arith")
+PHYSICAL = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_free_memory_without_proc_meminfo(monkeypatch):
+    """No /proc/meminfo: psutil where installed, else os.sysconf; each a positive amount within the physical
+    memory, the source named."""
+    free, source = policy.free_memory("cpu", meminfo="/nonexistent/meminfo")
+    assert 0 < free <= PHYSICAL and source in ("psutil", "os.sysconf free pages")
+    monkeypatch.setitem(sys.modules, "psutil", None)  # `import psutil` raises ImportError
+    free, source = policy.free_memory("cpu", meminfo="/nonexistent/meminfo")
+    assert 0 < free <= PHYSICAL and source.startswith(("os.sysconf", "half the physical"))
+
+
+def test_free_memory_is_per_local_rank(monkeypatch):
+    """On a CPU the local ranks share the RAM: each gets 1/LOCAL_WORLD_SIZE of it (integer division)."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    one, _ = policy.free_memory("cpu", meminfo="/nonexistent/meminfo")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    four, _ = policy.free_memory("cpu", meminfo="/nonexistent/meminfo")
+    # free memory moves between two reads: compare at a tolerance of 5% of the machine's memory
+    assert abs(4 * four - one) < 0.05 * PHYSICAL
+
+
+def test_a_row_longer_than_the_budget_is_its_own_micro_batch():
+    """A 2048-token budget with 1024 + 4096-token rows: the largest micro-batch is one row of 5120 tokens."""
+    cfg = config.Config(micro_batch_tokens=2048, max_prompt_len=1024, max_new_tokens=4096)
+    assert config.micro_batch_tokens(cfg) == 5120
+    cfg = config.Config(micro_batch_tokens=8192, max_prompt_len=1024, max_new_tokens=4096)
+    assert config.micro_batch_tokens(cfg) == 8192
+    cfg = config.Config(micro_batch_size=4, max_prompt_len=64, max_new_tokens=16)
+    assert config.micro_batch_tokens(cfg) == 4 * 80
+
+
+def _decide(rank, world, port, free_by_rank, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE="1")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        # what this rank's device would report (a spawned process: the patch dies with it)
+        config.free_memory = lambda device: (free_by_rank[rank], "test")
+        cfg = config.Config(model=TINY, grad_checkpointing=None)
+        decided, free, _ = config.decide_grad_checkpointing(cfg, torch.device("cpu"))
+        out.put((rank, decided.grad_checkpointing, free))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("free_by_rank, expected", [((1 << 40, 1 << 20), True), ((1 << 40, 1 << 41), False)])
+def test_checkpointing_is_decided_from_the_least_free_memory_of_any_rank(free_by_rank, expected):
+    """Rank 0 has 1 TiB free, rank 1 only 1 MiB (less than the tiny model's update needs): both ranks turn
+    checkpointing on and report rank 1's memory. With both ample, both leave it off."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_decide, args=(r, 2, port, free_by_rank, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    # a hang guard: a spawned interpreter importing torch and transformers on a busy 2-core machine
+    results = sorted(out.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(timeout=600)
+        assert p.exitcode == 0
+    assert [r[1] for r in results] == [expected, expected]
+    assert [r[2] for r in results] == [min(free_by_rank)] * 2
