@@ -20,9 +20,11 @@ above an `Answer:` line; and when the reference is a plain number, plain numbers
 ("93*95") are not a final answer: a policy learns to echo the question
 (docs/results.md#a-real-model-learns-make-demo-real).
 
-Never raises, never hangs: one linear-time regex pass over the last MAX_SCAN_CHARS characters; plain
-numbers compared exactly here (`fractions.Fraction`); the rest in math-verify worker processes under
-a CPU-time limit and a deadline (verify_pool.py), so every function is safe from any thread.
+Never hangs, and raises for no text: one linear-time regex pass over the last MAX_SCAN_CHARS
+characters; plain numbers compared exactly here (`fractions.Fraction`); the rest in math-verify
+worker processes under a CPU-time limit (verify_pool.py), so every function is safe from any thread.
+Where math-verify cannot run at all, scoring raises verify_pool.Unavailable (a RuntimeError) rather
+than count the answers that need it wrong.
 Agreement with 228 labelled GSM8K solutions, and throughput: docs/benchmarks.md#reward.
 
     python reward.py 'so the total is \\boxed{\\dfrac{1}{2}}' '0.5'   # both scorers' verdicts
@@ -42,7 +44,7 @@ log = logging.getLogger("reward")
 MAX_ANSWER_CHARS = 1000   # longer extracted answers (or references) are compared as strings only
 MAX_SCAN_CHARS = 200_000  # look for the final answer in this many last chars (4096 tokens ~ 16k)
 TAIL_CHARS = 2000         # with no explicit final answer, the last math in these last chars counts
-STATS = verify_pool.STATS  # math-verify timeouts, worker restarts, fallbacks: for a metrics line
+STATS = verify_pool.STATS  # math-verify CPU overruns, worker restarts, crashes: for a metrics line
 
 # --- final-answer extraction ---------------------------------------------------------------------
 # 1. Explicit final answers, the last one in the text: a box, or the rest of the line after a
@@ -227,11 +229,14 @@ def _reference(answer):
 
 # --- public API -----------------------------------------------------------------------------------
 def is_correct(response, answer):
-    """Whether the final answer of `response` equals the reference `answer` (as math-verify)."""
+    """Whether the final answer of `response` equals the reference `answer` (as math-verify).
+    Raises only verify_pool.Unavailable, when math-verify cannot run."""
     try:
         pred, gold = extract_answer(response), _reference(answer)
         return bool(pred) and bool(gold) and _verdict(pred, gold)
-    except Exception:  # noqa: BLE001  (contract: never raises)
+    except verify_pool.Unavailable:
+        raise  # no verdict at all, rather than a wrong one
+    except Exception:  # noqa: BLE001  (no text makes it raise)
         log.debug("is_correct failed", exc_info=True)
         return False
 
@@ -252,7 +257,7 @@ def score_batch(responses, answers, *, correct=1.0, incorrect=0.0, missing=None,
     scorer "math-verify" uses `is_correct`'s rule, "dapo" the paper's exact-match rule
     (`dapo_score`). Distinct (answer, reference) pairs that need math-verify are checked once each,
     in parallel over the worker pool. Raises ValueError only for a caller error (unknown scorer,
-    lengths that differ), never for any text.
+    lengths that differ), never for any text; verify_pool.Unavailable when math-verify cannot run.
     """
     responses, answers = list(responses), list(answers)
     if len(responses) != len(answers):

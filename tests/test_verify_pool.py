@@ -1,9 +1,12 @@
 """verify_pool.py, the worker processes that run math-verify for reward.py: every call comes back in bounded time and
-never raises, whatever the text (adversarial inputs, runaway sympy, a hung worker, no workers at all); it works with
-file descriptors above 1024, from several threads at once, and in a forked child."""
+never raises for any text (adversarial inputs, runaway sympy, a hung worker); a slow machine is slow, not wrong
+(workers slow to start are waited for, stalled or killed ones replaced, and the verdicts stay right); where
+math-verify cannot run at all, scoring raises a one-line RuntimeError instead of counting answers wrong; it works
+with file descriptors above 1024, from several threads at once, and in a forked child."""
 
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,8 +33,8 @@ ADVERSARIAL = {
 }
 
 
-# A hang guard, not a speed claim: each math-verify check is bounded by its CPU-time limit and a 2 s wall deadline
-# (verify_pool.ITEM_TIMEOUT_S) after which the worker is killed; on an idle machine the slowest input takes ~2 s
+# A hang guard, not a speed claim: each math-verify check is bounded by its CPU-time limit, and the parent kills a
+# worker past verify_pool.CPU_KILL_S of CPU time in one check; on an idle machine the slowest input takes ~2 s
 # (benchmarks/bench_reward.py measures it). On a loaded 2-core CI box wall time stretches several-fold, so the test
 # only asserts that every call comes back -- an unbounded call (a hung worker, sympy on 9^9^9^9) never would.
 HANG_S = 30.0
@@ -73,33 +76,164 @@ def test_adversarial_reference_and_types():
     assert reward.is_correct("Answer: 5", 5) and reward.dapo_score("Answer: 5", 5) == 1.0
 
 
-def test_hung_worker_is_killed_and_replaced(monkeypatch):
-    """A check that overruns the hard deadline is killed (counted wrong) and the next check still works.
-    A sympy factorial that the worker's CPU limit (0.5 s) would stop stands in for an uninterruptible C-level hang
-    by shrinking the parent's wall-clock deadline to 50 ms."""
-    verify_pool._pool().check("1", "1")  # make sure the workers are up before the deadline shrinks
-    deadline = verify_pool.ITEM_TIMEOUT_S
-    monkeypatch.setattr(verify_pool, "ITEM_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(verify_pool, "_CACHE", {})
-    before = reward.STATS["timeouts"]
-    t = time.monotonic()
-    assert reward.is_correct("\\boxed{(9^9)!}", "7") is False
-    assert time.monotonic() - t < HANG_S
-    assert reward.STATS["timeouts"] == before + 1  # the deadline, not the CPU limit, ended it: the worker was killed
-    monkeypatch.setattr(verify_pool, "ITEM_TIMEOUT_S", deadline)
-    assert reward.is_correct("\\boxed{\\sqrt{12}}", "2\\sqrt{3}") is True
-
-
-def test_without_workers_falls_back_to_exact_matches(monkeypatch, caplog):
-    """If no worker process can start, nothing raises: exact and numeric matches still count, the rest is wrong."""
+def fresh_pool(monkeypatch, workers=1):
+    """An empty pool of `workers` processes (one: each start costs ~1-2 s of CPU on a busy machine) and an empty
+    verdict cache for this test, restored after it; the old pool's workers stay up."""
     monkeypatch.setattr(verify_pool, "_POOL", None)
     monkeypatch.setattr(verify_pool, "_CACHE", {})
-    monkeypatch.setattr(verify_pool, "_WARNED", [])
+    monkeypatch.setattr(verify_pool, "NUM_WORKERS", workers)
+
+
+def close_pool():
+    if verify_pool._POOL is not None:
+        verify_pool._POOL.close()
+
+
+# answers that only math-verify can judge right (reward.py's exact paths cannot), and two that it judges wrong
+NEEDS_MATH_VERIFY = [("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0), ("Answer: 0.25", "\\frac14", 1.0),
+                     ("Answer: (x+1)^2", "x^2+2x+1", 1.0), ("Answer: (x-1)^2", "x^2+2x+1", 0.0),
+                     ("\\boxed{\\sqrt{2}}", "1.41", 0.0)]
+
+
+def judged_right():
+    return reward.score_batch([r for r, _, _ in NEEDS_MATH_VERIFY], [a for _, a, _ in NEEDS_MATH_VERIFY]) == [
+        e for _, _, e in NEEDS_MATH_VERIFY]
+
+
+def test_cpu_overrun_is_killed_and_replaced(monkeypatch):
+    """A check that uses more than CPU_KILL_S of CPU time in its worker is killed there by the parent (counted wrong)
+    and the next check still works. The worker's own CPU limit is raised to 30 s so that only the parent can stop
+    the sympy factorial: it stands in for C code that no signal interrupts."""
+    fresh_pool(monkeypatch)
+    monkeypatch.setattr(verify_pool, "CPU_LIMIT_S", 30.0)  # passed to the workers this pool starts
+    monkeypatch.setattr(verify_pool, "CPU_KILL_S", 0.1)
+    try:
+        before = dict(reward.STATS)
+        t = time.monotonic()
+        assert reward.is_correct("\\boxed{(9^9)!}", "7") is False
+        assert time.monotonic() - t < HANG_S
+        assert reward.STATS["timeouts"] == before["timeouts"] + 1  # the parent's CPU limit ended it
+        assert reward.STATS["restarts"] == before["restarts"] + 1
+        assert reward.is_correct("\\boxed{\\sqrt{12}}", "2\\sqrt{3}") is True
+    finally:
+        close_pool()
+
+
+def stop_workers_at_start(monkeypatch, count, resume_after=None):
+    """Freeze the first `count` worker processes with SIGSTOP as soon as they are spawned -- a real slow start: the
+    kernel runs none of their code, as on a machine too busy to schedule them -- and, with `resume_after`, let
+    them go on (SIGCONT) that many seconds later. Returns the pids it froze."""
+    frozen, start = [], verify_pool._Worker.start
+
+    def resume(pid):
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+    def frozen_start(self):
+        start(self)
+        if len(frozen) < count and self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+            frozen.append(self.proc.pid)
+            if resume_after is not None:
+                threading.Timer(resume_after, resume, args=(self.proc.pid,)).start()
+
+    monkeypatch.setattr(verify_pool._Worker, "start", frozen_start)
+    return frozen
+
+
+def test_slow_start_is_waited_for(monkeypatch, caplog):
+    """Workers that cannot run for a while after they are spawned (frozen 3 s; the old pool gave up on a start after
+    20 s, twice, and then scored every such answer wrong) are waited for, with a log line once the wait is long:
+    2\\sqrt2 = \\sqrt8, 0.25 = 1/4, (x+1)^2 = x^2+2x+1 are judged right and no worker is replaced."""
+    fresh_pool(monkeypatch)
+    monkeypatch.setattr(verify_pool, "SLOW_START_S", 1.0)
+    frozen = stop_workers_at_start(monkeypatch, verify_pool.NUM_WORKERS, resume_after=3.0)
+    restarts = reward.STATS["restarts"]
+    try:
+        t = time.monotonic()
+        assert judged_right()
+        assert len(frozen) == verify_pool.NUM_WORKERS and time.monotonic() - t >= 3.0  # the freeze was real
+        assert "has not started after" in caplog.text and "waiting for it" in caplog.text
+        assert reward.STATS["restarts"] == restarts
+        assert judged_right()  # and the pool stays up
+    finally:
+        close_pool()
+
+
+def test_stalled_start_is_replaced(monkeypatch, caplog):
+    """Workers that gain no CPU time at all for STALL_S (here 2 s; frozen for good) are hung, not slow: they are
+    killed and fresh ones started, and the answers are judged right -- never counted wrong for it."""
+    fresh_pool(monkeypatch)
+    monkeypatch.setattr(verify_pool, "STALL_S", 2.0)
+    frozen = stop_workers_at_start(monkeypatch, verify_pool.NUM_WORKERS)
+    restarts = reward.STATS["restarts"]
+    try:
+        assert judged_right()
+        assert frozen and all(verify_pool._cpu_seconds(pid) is None for pid in frozen)  # killed and reaped
+        assert reward.STATS["restarts"] >= restarts + 1 and "used no CPU time" in caplog.text
+    finally:
+        close_pool()
+
+
+def test_pool_recovers_after_its_workers_are_killed_or_hung(monkeypatch):
+    """A running pool's worker killed (SIGKILL, as the OOM killer would): the next checks start a fresh worker and
+    judge right. Its replacement hung for good (SIGSTOP) while idle: the next check gets no reply and no CPU time
+    for STALL_S (here 2 s), so the worker is replaced and the check retried -- judged right, not counted wrong."""
+    fresh_pool(monkeypatch)
+    monkeypatch.setattr(verify_pool, "STALL_S", 2.0)
+    try:
+        for how in (signal.SIGKILL, signal.SIGSTOP):
+            assert judged_right()
+            pids = {w.proc.pid for w in verify_pool._POOL.idle}
+            for pid in pids:
+                os.kill(pid, how)
+            verify_pool._CACHE.clear()
+            restarts = reward.STATS["restarts"]
+            assert judged_right()
+            assert reward.STATS["restarts"] >= restarts + len(pids)
+            assert not {w.proc.pid for w in verify_pool._POOL.idle} & pids
+    finally:
+        close_pool()
+
+
+def test_without_math_verify_scoring_raises(monkeypatch, tmp_path):
+    """Workers whose Python cannot import math-verify (run with -S: no site-packages) report it, and scoring raises a
+    one-line RuntimeError that names the import error, instead of counting such answers wrong. Answers decided
+    without math-verify still score."""
+    python = tmp_path / "python-without-site-packages"
+    python.write_text(f"#!/bin/sh\nexec {verify_pool.sys.executable} -S \"$@\"\n")
+    python.chmod(0o755)
+    fresh_pool(monkeypatch)
+    monkeypatch.setattr(verify_pool.sys, "executable", str(python))
+    try:
+        assert reward.is_correct("Answer: 1/2", "0.5") is True  # exact path: no worker needed
+        for call in (lambda: reward.is_correct("\\boxed{\\sqrt{12}}", "2\\sqrt{3}"),
+                     lambda: reward.score_batch(["Answer: 7", "Answer: x+1"], ["7", "1+x"]),
+                     lambda: verify_pool.verify("\\sqrt{12}", "2\\sqrt{3}")):
+            with pytest.raises(RuntimeError, match="No module named 'math_verify'") as err:
+                call()
+            assert "\n" not in str(err.value) and isinstance(err.value, verify_pool.Unavailable)
+    finally:
+        close_pool()
+
+
+def test_workers_that_cannot_start_raise_then_recover(monkeypatch):
+    """No worker process can be spawned (a missing interpreter): after START_ATTEMPTS tries, scoring raises a
+    one-line RuntimeError naming it. The pool is not given up for good: once workers can start again, the same
+    process judges right."""
+    fresh_pool(monkeypatch)
+    executable = verify_pool.sys.executable
     monkeypatch.setattr(verify_pool.sys, "executable", "/nonexistent/python")
-    assert reward.is_correct("Answer: 1/2", "0.5") is True
-    assert reward.is_correct("\\boxed{\\sqrt{12}}", "2\\sqrt{3}") is False
-    assert reward.score_batch(["Answer: 7", "Answer: x+1"], ["7", "1+x"]) == [1.0, 0.0]
-    assert "unavailable" in caplog.text and verify_pool._POOL.broken
+    try:
+        with pytest.raises(RuntimeError, match="cannot start /nonexistent/python.*3 times") as err:
+            reward.score_batch(["\\boxed{\\sqrt{12}}"], ["2\\sqrt{3}"])
+        assert "\n" not in str(err.value)
+        monkeypatch.setattr(verify_pool.sys, "executable", executable)
+        assert judged_right()
+    finally:
+        close_pool()
 
 
 def test_many_open_files(monkeypatch):
@@ -112,8 +246,7 @@ def test_many_open_files(monkeypatch):
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
     fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
-        monkeypatch.setattr(verify_pool, "_POOL", None)
-        monkeypatch.setattr(verify_pool, "_CACHE", {})
+        fresh_pool(monkeypatch)
         assert reward.is_correct("\\boxed{\\sqrt{8}}", "2\\sqrt{2}") is True
         assert verify_pool._POOL.idle[0].proc.stdout.fileno() > 1024
         verify_pool._POOL.close()
