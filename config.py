@@ -59,7 +59,7 @@ class Config:
     model: str = ""                   # HF id or local path; "" = the tiny rollout.DEFAULT_MODEL
     data: str = ""                    # data.load names or paths, comma-separated; "" = model's task
     eval_data: str = ""               # held-out sets, comma-separated; "" = --data's test split
-    reward: str = "math-verify"       # scorer: math-verify, dapo, or random[:P] (coins; no text read)
+    reward: str = "math-verify"       # math-verify, dapo, or random[:P] (coins, no text read)
     reward_correct: float = 1.0       # reward of a correct final answer
     reward_incorrect: float = 0.0     # reward of a wrong or missing final answer (paper: -1)
     # --- batch shape ---
@@ -189,7 +189,7 @@ def resolve_config(cfg):
     if not out_dir:
         out_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + "-" + cfg.method)
     # the shared-prompt forward needs the prompt's KV cache, which HF drops under activation
-    # checkpointing, and micro-batches of whole groups (unset checkpointing: decide_grad_checkpointing)
+    # checkpointing, and micro-batches of whole groups (unset: decide_grad_checkpointing)
     if cfg.share_prompt and (cfg.grad_checkpointing or cfg.micro_batch_size % cfg.group_size):
         raise ValueError(f"--share-prompt needs --no-grad-checkpointing (HF drops the KV cache "
                          f"under checkpointing) and --micro-batch-size a multiple of --group-size; "
@@ -218,8 +218,8 @@ def decide_grad_checkpointing(cfg, device):
         if cfg.share_prompt and recompute:
             raise ValueError(f"--share-prompt needs --no-grad-checkpointing, and the update "
                              f"(~{update_memory_gb(cfg):.1f} GB) would not fit in half of the "
-                             f"{free / 2**30:.1f} GB free on {device}: pass --no-grad-checkpointing "
-                             f"to run it anyway, or drop --share-prompt")
+                             f"{free / 2**30:.1f} GB free on {device}: pass "
+                             f"--no-grad-checkpointing to run it anyway, or drop --share-prompt")
     return dataclasses.replace(cfg, grad_checkpointing=recompute), free, source
 
 

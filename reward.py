@@ -301,13 +301,14 @@ def random_probability(scorer):
     except ValueError:
         p = float("nan")
     if not 0 < p < 1:
-        raise ValueError(f"--reward {scorer!r}: random:P needs a probability 0 < P < 1, got {text!r}")
+        raise ValueError(f"--reward {scorer!r}: random:P needs a probability 0 < P < 1, "
+                         f"got {text!r}")
     return p
 
 
 def random_rewards(n, p, seed, *, correct=1.0, incorrect=0.0):
-    """`n` rewards, each `correct` with probability `p` and `incorrect` otherwise, independent of the
-    completions. `seed` is a tuple of integers (train.py: the run's seed, the step, the rank): one
+    """`n` rewards, each `correct` with probability `p` and `incorrect` otherwise, independent of
+    the completions. `seed` is a tuple of integers (train.py: the run's seed, the step, the rank): one
     numpy SeedSequence over them, so the coins repeat for a seed and are the same for every method.
 
     With such rewards the expected policy gradient is zero (the advantage is independent of the

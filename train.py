@@ -144,13 +144,13 @@ def validate(engine, tokenizer, eval_sets, cfg, step):
 
 
 def eval_scorer(cfg):
-    """The held-out task is scored for real, also when training rewards are coins (--reward random)."""
+    """The held-out task is scored for real, also when the training rewards are coins."""
     return "math-verify" if reward.random_probability(cfg.reward) is not None else cfg.reward
 
 
 def train_rewards(completions, prompts, cfg, step):
-    """(B,) rewards: the scorer's verdict on each completion, or under --reward random[:P] a coin per
-    completion seeded by (seed, step, rank), the same for every method (reward.random_rewards)."""
+    """(B,) rewards: the scorer's verdict on each completion, or under --reward random[:P] a coin
+    per completion seeded by (seed, step, rank), the same for every method (random_rewards)."""
     coin = reward.random_probability(cfg.reward)
     if coin is not None:
         scores = reward.random_rewards(len(completions), coin, (cfg.seed, step, RANK),
