@@ -10,8 +10,9 @@ verdict per claim computed from the numbers (`verdicts`). The statistics, decide
 - "no difference" needs that interval inside ±EQUIV (10%) of GRPO's final entropy, else "underpowered"; "the clip
   does not hold the entropy down" needs no-clip minus GRPO's interval to end below +EQUIV (`control_side`);
 - "supports" / "reproduced" need the claim's size (`SUPPORT_RATIO`, 2 points, half the clips), each line states it;
-- final step metrics are read at the last 5 and the last 10 steps (WINDOWS): if the readings disagree the verdict is
-  "inconclusive (window-dependent)";
+- a step metric is read at two windows (WINDOWS): the entropy, a final state, at the last 5 and the last 10 steps;
+  the upper-clip rate, a property of the whole training, over all steps and over their last half. Where the two
+  readings disagree the verdict is "inconclusive (window-dependent)";
 - the entropy claim is read against a no-clip arm (`--methods clip,noclip,bandkl`) after a check that the clip
   acted (`entropy_control`); under `--reward random` (coins, no learning signal) `random_control` reads instead
   whether the clip by itself moves the entropy and how much of that drift each other arm removes.
@@ -178,7 +179,7 @@ def clip_counts(run_dir):
 
 def summarize_run(rows, eval_key, last=5):
     """Final numbers of one run: the last (and first) evaluation, step metrics averaged over the last `last` steps,
-    and the verdicts' step metrics at each of WINDOWS (`entropy@5`, `clip/low_p_upper_rate@10`, ...)."""
+    and the verdicts' step metrics at their WINDOWS (`entropy@5`, `clip/low_p_upper_rate@all`, ...)."""
     evals = [r for r in rows if eval_key and eval_key in r]
     final_eval = evals[-1] if evals else {}
     prefix = eval_key.rsplit("/", 1)[0] if eval_key else ""
@@ -191,16 +192,18 @@ def summarize_run(rows, eval_key, last=5):
             "entropy": avg("entropy"), "clip/frac": avg("clip/frac"),
             "clip/frac_upper": avg("clip/frac_upper"), "clip/low_p_upper_rate": avg("clip/low_p_upper_rate"),
             "reward/mean": avg("reward/mean"), "mean@n_start": evals[0][eval_key] if evals else math.nan,
-            **{f"{k}@{w}": avg(k, w) for k in WINDOWED for w in WINDOWS}}
+            **{f"{k}@{w}": at_window([r[k] for r in steps], w) for k, ws in WINDOWS.items() for w in ws}}
 
 
 # --- statistics: paired by seed, 95% t intervals, an equivalence margin, two windows -------------------------------
-WINDOWS = (5, 10)     # every step-metric reading is made at the last 5 and at the last 10 steps
-WINDOWED = ("entropy", "clip/low_p_upper_rate")
+# the two windows of each step metric a verdict reads: n = the last n steps, "all" steps, their last "half"
+WINDOWS = {"entropy": (5, 10), "clip/low_p_upper_rate": ("all", "half")}
 EQUIV = 0.10          # "no difference": the 95% t interval inside ±10% of GRPO's final entropy
 SUPPORT_RATIO = math.sqrt(10)   # Band-KL / GRPO entropy for "supports": the geometric midpoint of 1x and 10x
 BOOTSTRAP = 4000      # resamples of the seeds in drift_fraction's interval (random.Random(0): reproducible)
 # Student's t, 0.975 quantile, df = 1..30 (any statistics table); beyond 30 the Cornish-Fisher series in t975
+VERDICT_WINDOWS = ("entropy read at the last 5 and the last 10 steps, the upper-clip rate of p < 0.2 tokens over "
+                   "all steps and over their last half")
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 Diff = collections.namedtuple("Diff", "mean half n")   # a mean, the half-width of its 95% t interval, seeds
@@ -254,21 +257,29 @@ def weigh(d, margin):
     return "above" if lo > 0 else "below" if hi < 0 else "underpowered"
 
 
+def at_window(values, w):
+    """The mean of a run's per-step values over window w (see WINDOWS)."""
+    return mean_std(values if w == "all" else values[len(values) // 2:] if w == "half" else values[-w:])[0]
+
+
+def window_name(w):
+    return {"all": "all steps", "half": "the last half of the steps"}.get(w, f"last {w} steps")
+
+
 def windows(table, key):
-    """The windows of WINDOWS at which every row of the table holds `key@w`."""
-    return [w for w in WINDOWS if all(f"{key}@{w}" in x for rows in table.values() for x in rows)]
+    """The windows of WINDOWS[key] at which every row of the table holds `key@w`."""
+    return [w for w in WINDOWS[key] if all(f"{key}@{w}" in x for rows in table.values() for x in rows)]
 
 
-def across(results):
-    """(label, text) from per-window (w, label, text): the label where every window gives it, else
-    "inconclusive (window-dependent)"; the text names each window and any window not in the numbers."""
+def across(results, key):
+    """(label, text) from per-window (w, label, text) readings of `key`: the label where every window gives it,
+    else "inconclusive (window-dependent)"; the text names each window and any window not in the numbers."""
     labels = {label for _, label, _ in results}
+    missing = [f"{window_name(w)}: not in these numbers" for w in WINDOWS[key] if w not in {r[0] for r in results}]
     if not labels:
-        return "no reading", f"no final step metric of the last {' or '.join(map(str, WINDOWS))} steps here"
+        return "no reading", f"{key} over {' or over '.join(map(window_name, WINDOWS[key]))}: not in these numbers"
     label = results[0][1] if len(labels) == 1 else "inconclusive (window-dependent)"
-    text = [f"last {w} steps: {t}" for w, _, t in results]
-    text += [f"last {w} steps: not in these numbers" for w in WINDOWS if w not in {r[0] for r in results}]
-    return label, "; ".join(text)
+    return label, "; ".join([f"{window_name(w)}: {t}" for w, _, t in results] + missing)
 
 
 def drift_fraction(arm, clip, noclip, key, resamples=BOOTSTRAP):
@@ -393,6 +404,8 @@ def _entropy_reading(clip, noclip, band, key):
         label, why = "inconclusive", "Band-KL lies between GRPO and no-clip"
     elif wbn == "above":
         label, why = "inconclusive", "Band-KL above no-clip: more than removing the clip does"
+    elif wb == wbn == "equivalent":
+        label, why = "inconclusive", "Band-KL within the margin of both GRPO and no-clip"
     else:
         label, why = "inconclusive (underpowered)", "Band-KL resolved against neither GRPO nor no-clip"
     return label, f"{why}; {text}"
@@ -433,9 +446,9 @@ def entropy_control(table):
     if noclip:
         margin = lambda w: EQUIV * mean_std([x[f"entropy@{w}"] for x in clip])[0]  # noqa: E731
         dn = {w: paired(noclip, clip, f"entropy@{w}") for w in ws}
+        side = lambda w: SIDES.get(control_side(dn[w], margin(w)), "inconclusive")  # noqa: E731
         check += "; no-clip minus GRPO final entropy, " + "; ".join(
-            f"last {w} steps: {ci(dn[w])} against +{margin(w):.3f}: **{SIDES.get(control_side(dn[w], margin(w)), 'inconclusive')}**"
-            for w in ws)
+            f"{window_name(w)}: {ci(dn[w])} against +{margin(w):.3f}: **{side(w)}**" for w in ws)
     else:
         check += "; no no-clip arm"
     arms = (("GRPO", clip), ("no-clip", noclip), ("Band-KL", band))
@@ -448,12 +461,12 @@ def entropy_control(table):
         reading = "not testable in this regime" if acted is False else "no no-clip arm"
         why = "the clip barely acted" if acted is False else NO_CONTROL
         why += f"; and no no-clip arm: {NO_CONTROL}" if acted is False and not noclip else ""
-        text = "; ".join(f"last {w} steps: final entropy GRPO {mean_std([x[f'entropy@{w}'] for x in clip])[0]:.3f}, "
+        text = "; ".join(f"{window_name(w)}: final entropy GRPO {mean_std([x[f'entropy@{w}'] for x in clip])[0]:.3f}, "
                          f"Band-KL minus GRPO {ci(paired(band, clip, f'entropy@{w}'))}" for w in ws)
         label = f"no no-clip arm: {why}" if reading == "no no-clip arm" else reading
         text = text if reading == "no no-clip arm" else f"{why}; {text}"
     else:
-        reading, text = across([(w, *_entropy_reading(clip, noclip, band, f"entropy@{w}")) for w in ws])
+        reading, text = across([(w, *_entropy_reading(clip, noclip, band, f"entropy@{w}")) for w in ws], "entropy")
         label = reading
     return reading, [
         f"(control) Did the clip act? {check}",
@@ -493,7 +506,7 @@ def random_control(table):
                  }.get(weigh(d, margin), f"inconclusive (n = {d.n})")
         return w, label, f"{ci(d)}, margin ±{margin:.3f}"
 
-    reading, text = across([moved(w) for w in ws])
+    reading, text = across([moved(w) for w in ws], "entropy")
     if acted is False:
         reading, text = "not testable in this regime", f"the clip barely acted; {text}"
     out.append(f"{head} **{reading}** ({text})")
@@ -507,7 +520,7 @@ def random_control(table):
             f, lo, hi, n = drift_fraction(runs, clip, noclip, f"entropy@{w}")
             per_w.append((w, fraction_label(f, lo, hi, n), f"f = {f:.2f}, 95% paired-bootstrap interval "
                           f"[{lo:.2f}, {hi:.2f}] ({BOOTSTRAP} resamples of {n} seeds)"))
-        label, text = across(per_w)
+        label, text = across(per_w, "entropy")
         out.append(f"(R) {arm_name(config)}: the fraction of the clip's drift it removes, f = (arm - GRPO) / "
                    f"(no-clip - GRPO), a ratio of paired means: **{label}** ({text})")
     return reading, out
@@ -531,7 +544,7 @@ def claim3(table):
         ratio = f"{lb / lg:.2f}" if lg > 0 else "–"
         return w, v, f"rate {lb:.4f} vs {lg:.4f}, Band-KL / GRPO {ratio}; difference {ci(d, '.4f')}"
 
-    label, text = across([read(w) for w in windows(table, "clip/low_p_upper_rate")])
+    label, text = across([read(w) for w in windows(table, "clip/low_p_upper_rate")], "clip/low_p_upper_rate")
     return [f"(3) BandPO clips far fewer p < 0.2 tokens at the upper bound (\"reproduced\": at most half GRPO's "
             f"rate): **{label}** ({text})"]
 
@@ -590,10 +603,11 @@ def markdown(table, verdict_lines, n_seeds, max_steps):
     pk = next((x["pass_k"] for runs in table.values() for x in runs if x.get("pass_k")), "pass@n")
     reward = regime(table)
     coins = f" Training rewards: coins (--reward {reward})." if is_random(reward) else ""
-    lines = [f"{n_seeds} seeds x {max_steps} steps; mean ± std over seeds; step metrics averaged over the last 5 steps."
-             f"{coins} Verdicts: differences paired by seed, mean ± half-width of the 95% t interval; step metrics "
-             f"read at the last {' and the last '.join(map(str, WINDOWS))} steps.",
-             "", f"| method | δ | mean@n (%) | {pk} (%) | entropy | clip frac | upper-clip rate, p < 0.2 | train reward |",
+    lines = [f"{n_seeds} seeds x {max_steps} steps; mean ± std over seeds; step metrics averaged over the last 5 "
+             f"steps.{coins} Verdicts: differences paired by seed, mean ± half-width of the 95% t interval; "
+             f"{VERDICT_WINDOWS}.",
+             "", f"| method | δ | mean@n (%) | {pk} (%) | entropy | clip frac | upper-clip rate, p < 0.2 "
+             "| train reward |",
              "|---|---|---|---|---|---|---|---|"]
     for (method, delta), runs in table.items():
         cell = lambda key, scale=1.0, fmt=".3f": "{:{f}} ± {:{f}}".format(  # noqa: E731
@@ -635,13 +649,14 @@ def plot(curves_by_config, path, title="Toy-scale comparison (mean over seeds; b
 
 
 def load_tables(results):
-    """{name: table} of the summaries in `results`: compare.json (step metrics over the last 5 steps, summarize_run's
-    default) and horizon.json (the last 10, horizon.WINDOW), each given the other's window where both hold the same
-    configs and seed count (rows pair by position, as both files list seeds in order). Older rows gain
-    `entropy@w` / `clip/low_p_upper_rate@w` from their own window; nothing is recomputed."""
+    """{name: table} of the summaries in `results`, for a re-issue without the runs: compare.json (its entropy
+    over the last 5 steps, summarize_run's default) and horizon.json (its entropy over the last 10, horizon.WINDOW;
+    its upper-clip rate over all steps), each given the other's windows where both hold the same configs and seed
+    counts (rows pair by position: both files list seeds in order). Older rows gain `entropy@5`, `entropy@10`,
+    `clip/low_p_upper_rate@all` from these; nothing is recomputed."""
     tables = {}
-    for name, own in (("compare", {"entropy@5": "entropy", "clip/low_p_upper_rate@5": "clip/low_p_upper_rate"}),
-                      ("horizon", {"entropy@10": "entropy"})):
+    for name, own in (("compare", {"entropy@5": "entropy"}),
+                      ("horizon", {"entropy@10": "entropy", "clip/low_p_upper_rate@all": "clip/low_p_upper_rate"})):
         path = os.path.join(results, f"{name}.json")
         if os.path.isfile(path):
             with open(path) as f:
@@ -657,7 +672,7 @@ def load_tables(results):
             for config, rows in tables[a].items():
                 other = tables[b].get(config, [])
                 for x, y in zip(rows, other) if len(rows) == len(other) else ():
-                    for k in (k for k in y if "@" in k and k.split("@")[0] in WINDOWED):
+                    for k in (k for k in y if "@" in k and k.split("@")[0] in WINDOWS):
                         x.setdefault(k, y[k])
     return tables
 

@@ -12,13 +12,14 @@ whole horizon, not only its end:
         --figure figures/long-lr1e-4_horizon.png
 
 It writes <results>/horizon.{md,json}, <figure> (six curves over steps), <figure>_bins.png (where each arm clips:
-the out-of-band and clipped token fractions per old-probability bin, above and below) and, with a no-clip arm,
-<figure>_noclip.png (entropy per arm, and each arm minus no-clip per step, paired by seed, with its 95% t band);
-without --results / --figure, into the runs directory. `--from-json --results <dir>` re-issues horizon.md from the
-summaries alone (horizon.json, and compare.json's last-5-step window). The committed experiments keep theirs in
-experiments/results/<experiment>/ and figures/<experiment>_horizon*.png, shown in docs/results.md. The statistics and
-the entropy readings are compare.py's (95% t intervals, the equivalence margin, two windows; entropy_control against
-a no-clip arm, random_control under --reward random, where (2a) and (2b) do not apply). Definitions:
+per old-probability bin, the tokens above the band, below it, and clipped) and, with a no-clip arm,
+<figure>_noclip.png (entropy per arm, and each arm minus no-clip per step, paired by seed, with its 95% t band:
+under --reward random that difference is the arm's clip's own drift); without --results / --figure, into the runs
+directory. `--from-json --results <dir>` re-issues horizon.md from the summaries alone (horizon.json, with
+compare.json's last-5-step entropy). The committed experiments keep theirs in experiments/results/<experiment>/
+and figures/<experiment>_horizon*.png, shown in docs/results.md. The statistics and the entropy readings are
+compare.py's (95% t intervals, the equivalence margin, two windows; entropy_control against a no-clip arm,
+random_control under --reward random, where (2a) and (2b) do not apply). Definitions:
 - start entropy: the entropy at step 1 (the initial policy on its first rollout; every method of a seed shares it);
 - half-entropy step: the first step at which the trailing WINDOW-step mean of the entropy is <= half the start;
 - "final" step metrics: the mean over the last WINDOW steps; final accuracy: the mean of the last LAST_EVALS
@@ -32,9 +33,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import (ONE_SEED, TESTABLE, WINDOWED, WINDOWS, arm_name, ci, clip_counts,  # noqa: E402
-                     entropy_control, is_random, load_tables, mean_std, one_seed_check, plot_seeds, regime,
-                     run_reward, t_interval, verdicts)
+from compare import (ONE_SEED, TESTABLE, VERDICT_WINDOWS, WINDOWS, arm_name, at_window, ci,  # noqa: E402
+                     clip_counts, entropy_control, is_random, load_tables, mean_std, one_seed_check,
+                     plot_seeds, regime, run_reward, t_interval, verdicts)
 
 WINDOW = 10      # steps in a trailing mean (per-step metrics come from 256 completions: noisy one by one)
 LAST_EVALS = 3   # evaluations averaged into the final accuracy
@@ -103,7 +104,7 @@ def summarize(series, window=WINDOW):
             **{f"band/out_{side}_frac_p{b}": whole(f"band/out_{side}_frac_p{b}")
                for side in ("upper", "lower") for b in BINS},
             **{f"clip/frac_p{b}": whole(f"clip/frac_p{b}") for b in BINS},
-            **{f"{k}@{w}": mean_std([v for _, v in series.get(k, [])[-w:]])[0] for k in WINDOWED for w in WINDOWS}}
+            **{f"{k}@{w}": at_window([v for _, v in series.get(k, [])], w) for k, ws in WINDOWS.items() for w in ws}}
 
 
 def milestones(horizon, parts=6):
@@ -180,7 +181,7 @@ def markdown(table, lines, horizon, n_seeds):
     out = [f"{n_seeds} seeds x {horizon} steps; mean ± std over seeds. Entropy: step 1 and the mean of the last "
            f"{WINDOW} steps; accuracy: the first evaluation and the mean of the last {LAST_EVALS}; clip and band "
            f"columns: means over the whole horizon.{coins} Verdicts: differences paired by seed, mean ± half-width "
-           f"of the 95% t interval; step metrics read at the last {' and the last '.join(map(str, WINDOWS))} steps.",
+           f"of the 95% t interval; {VERDICT_WINDOWS}.",
            "",
            "| method | entropy, step 1 | entropy, final | half-entropy step | mean@n start (%) | mean@n final (%) "
            "| pass@n final (%) | clip frac | upper-clip rate, p < 0.2 | band width | out above / below band |",
@@ -282,14 +283,15 @@ def plot_noclip(series_by_config, seeds_by_config, path, title):
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     for config, runs in smooth.items():
         plot_seeds(axes[0], list(runs.values()), arm_name(config))
+        color = axes[0].lines[-1].get_color()   # the arm's colour in both panels
         if config[0] == "noclip":
             continue
         steps = sorted(set.intersection(*(set(runs[k]) & set(noclip[k]) for k in runs if k in noclip)))
         diffs = [t_interval([runs[k][t] - noclip[k][t] for k in runs if k in noclip]) for t in steps]
-        line, = axes[1].plot(steps, [d.mean for d in diffs], lw=1.6, label=f"{arm_name(config)} - noclip")
+        axes[1].plot(steps, [d.mean for d in diffs], lw=1.6, color=color, label=f"{arm_name(config)} - noclip")
         if all(d.n > 1 for d in diffs):
             axes[1].fill_between(steps, [d.mean - d.half for d in diffs], [d.mean + d.half for d in diffs],
-                                 color=line.get_color(), alpha=0.2)
+                                 color=color, alpha=0.2)
     axes[1].axhline(0, color="gray", lw=1)
     axes[0].set_title(f"policy entropy ({WINDOW}-step mean; band = min..max over seeds)", fontsize=10)
     axes[1].set_title("arm minus no-clip, paired by seed (band = 95% t interval)", fontsize=10)

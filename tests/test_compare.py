@@ -2,8 +2,8 @@
 
 Every expected label and number below is worked out by hand in the comment beside it: a paired difference is read
 through its 95% t interval, mean ± t(0.975, n - 1) x sd / sqrt(n), with t(0.975, 2) = 4.303 for three seeds (any
-statistics table); "no difference" needs that interval inside ±10% of GRPO's final entropy; every step-metric
-reading is made at the last 5 and the last 10 steps.
+statistics table); "no difference" needs that interval inside ±10% of GRPO's final entropy; the entropy is read
+at the last 5 and the last 10 steps, the upper-clip rate over all steps and over their last half.
 """
 
 import json
@@ -25,12 +25,12 @@ CLIP = [0.10, 0.12, 0.14]   # GRPO's final entropy in seeds 0, 1, 2: mean 0.12, 
 def arm(entropy, start=(0.30, 0.30, 0.30), final=(0.40, 0.40, 0.40), clips=(300, 300, 300), steps=100,
         entropy10=None, rate=(0.02, 0.02, 0.02), reward=None):
     """One method's per-seed summaries, as compare.py and horizon.py build them; the last-10-step entropy is
-    the last-5-step one unless given."""
+    the last-5-step one unless given, the upper-clip rate the same over all steps and over their last half."""
     rows = []
     for i, (e, e10, s, f, c, r) in enumerate(zip(entropy, entropy10 or entropy, start, final, clips, rate)):
         rows.append({"seed": str(i), "entropy": e, "entropy@5": e, "entropy@10": e10, "mean@n_start": s,
                      "mean@n": f, "clip/n_low_p_upper": c, "steps": steps, "clip/low_p_upper_rate": r,
-                     "clip/low_p_upper_rate@5": r, "clip/low_p_upper_rate@10": r})
+                     "clip/low_p_upper_rate@all": r, "clip/low_p_upper_rate@half": r})
         if reward:
             rows[-1]["reward"] = reward
     return rows
@@ -72,6 +72,13 @@ def test_paired_t_interval_by_hand():
     assert one.n == 1 and math.isnan(one.half) and compare.ci(one) == "+0.110 (n = 1: no interval)"
 
 
+def test_windows_by_hand():
+    values = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert compare.at_window(values, 2) == 4.5           # the last 2 steps
+    assert compare.at_window(values, "all") == 3.0
+    assert compare.at_window(values, "half") == 4.0      # steps 3..5: the later half, the middle step with it
+
+
 @pytest.mark.parametrize("mean, half, n, side", [
     (0.0, 0.004, 3, "equivalent"),       # [-0.004, 0.004] inside ±0.005
     (0.003, 0.001, 5, "equivalent"),     # [0.002, 0.004]: apart from 0, yet inside the margin
@@ -92,7 +99,8 @@ def test_not_testable_needs_the_noclip_interval_below_the_margin():
     reading, (check, line) = compare.entropy_control(table(noclip=arm(plus(CLIP, [0.004, -0.002, 0.001]))))
     assert reading == "not testable in this regime"
     assert "last 5 steps: +0.001 ± 0.007 (95% t interval, n = 3) against +0.012: **not above GRPO by more" in check
-    assert "**acted**" in check and "300.0 p < 0.2 tokens upward per run (300–300 over 3 seeds, 3.00 per step" in check
+    assert "**acted**" in check
+    assert "300.0 p < 0.2 tokens upward per run (300–300 over 3 seeds, 3.00 per step" in check
     assert "**not testable in this regime** (last 5 steps: no-clip not above GRPO by more than the margin" in line
     assert "(no-clip within ±margin of GRPO)" in line and "margin ±0.012" in line
 
@@ -157,6 +165,15 @@ def test_other_combinations_get_an_honest_label(band_offsets, reading, why):
     assert got == reading and why in line
 
 
+def test_band_within_the_margin_of_both():
+    # no-clip minus GRPO +0.015, +0.016, +0.014: mean 0.015, half 4.303 x 0.001 / sqrt(3) = 0.0025: [0.0125, 0.0175]
+    # is above 0 and past +0.012. Band-KL = GRPO + 0.007, 0.008, 0.006: minus GRPO [0.0045, 0.0095], minus no-clip
+    # -0.008, -0.008, -0.008 (sd 0): both inside ±0.012
+    reading, (_, line) = compare.entropy_control(table(noclip=arm(plus(CLIP, [0.015, 0.016, 0.014])),
+                                                       band=arm(plus(CLIP, [0.007, 0.008, 0.006]))))
+    assert reading == "inconclusive" and "Band-KL within the margin of both GRPO and no-clip" in line
+
+
 SUPPORTS = dict(noclip=arm(NOCLIP_UP), band=arm(plus(NOCLIP_UP, [0.002, -0.001, 0.002])))
 
 
@@ -210,7 +227,8 @@ def test_manipulation_check_clip_did_not_act(clips, acted):
 def test_no_noclip_arm():
     reading, (check, line) = compare.entropy_control(table(band=SUPPORTS["band"]))
     assert reading == "no no-clip arm" and check.endswith("**acted**; no no-clip arm")
-    assert "**no no-clip arm: cannot tell 'Band does not help' from 'the clip does not drive the entropy here'**" in line
+    assert ("**no no-clip arm: cannot tell 'Band does not help' from 'the clip does not drive the entropy "
+            "here'**") in line
     # Band-KL minus GRPO 0.302, 0.319, 0.312: mean 0.311, sd 0.00854, half 4.303 x 0.00493 = 0.0212
     assert "last 5 steps: final entropy GRPO 0.120, Band-KL minus GRPO +0.311 ± 0.021 (95% t interval, n = 3)" in line
     reading, (check, _) = compare.entropy_control(table(clip=arm(CLIP, clips=(None, None, None))))
@@ -257,13 +275,13 @@ def test_claim3(band_rate, label):
     line = compare.claim3(table(band=arm(CLIP, rate=band_rate)))[0]
     assert f"**{label}**" in line and "at most half GRPO's rate" in line
     if label == "reproduced":
-        assert "last 5 steps: rate 0.0080 vs 0.0200, Band-KL / GRPO 0.40; difference -0.0120 ± 0.0025" in line
+        assert "all steps: rate 0.0080 vs 0.0200, Band-KL / GRPO 0.40; difference -0.0120 ± 0.0025" in line
 
 
 def test_claim3_window_dependent_and_one_seed():
     band = arm(CLIP, rate=(0.008, 0.007, 0.009))
-    for x, r10 in zip(band, (0.010, 0.030, 0.020)):   # reproduced at 5 steps, not distinguishable at 10
-        x["clip/low_p_upper_rate@10"] = r10
+    for x, r in zip(band, (0.010, 0.030, 0.020)):   # reproduced over all steps, not distinguishable over the half
+        x["clip/low_p_upper_rate@half"] = r
     assert "**inconclusive (window-dependent)**" in compare.claim3(table(band=band))[0]
     assert "**inconclusive (n = 1)**" in compare.claim3(table(band=arm([0.1], rate=[0.008])))[0]
 
@@ -295,7 +313,8 @@ def test_random_regime_asks_whether_the_clip_moves_the_entropy(offsets, reading)
     assert len(fraction) == int(moved) and lines[-1].startswith("(3)")
     if moved:
         # f = 0.5 in every seed, so in every resample: the interval is [0.50, 0.50]
-        assert "**removes part of it** (last 5 steps: f = 0.50, 95% paired-bootstrap interval [0.50, 0.50]" in fraction[0]
+        assert ("**removes part of it** (last 5 steps: f = 0.50, 95% paired-bootstrap interval "
+                "[0.50, 0.50]") in fraction[0]
     if reading == "the clip lowers the entropy":
         assert "-0.050 ± 0.025 (95% t interval, n = 3), margin ±0.012" in lines[2]
 
@@ -445,7 +464,7 @@ def test_compare_cli_random_regime_and_mixed_rewards(tmp_path):
 def test_compare_from_json_reads_both_windows(tmp_path):
     # compare.json holds the last-5-step numbers, horizon.json the last-10-step ones (same seeds, in order): the
     # re-issue reads no-clip minus GRPO at both. 5 steps: +0.004, -0.002, +0.001 (not testable); 10 steps: +0.04,
-    # -0.01, +0.02 (underpowered): window-dependent
+    # -0.01, +0.02 (underpowered): window-dependent. The upper-clip rate: horizon.json's, over all steps
     rows = lambda ent: [{"entropy": e, "mean@n": 0.4, "pass@n": 0.5, "pass_k": "pass@4", "clip/frac": 0.01,  # noqa
                          "clip/low_p_upper_rate": 0.02, "reward/mean": 0.5} for e in ent]
     res = tmp_path / "res"
@@ -459,7 +478,8 @@ def test_compare_from_json_reads_both_windows(tmp_path):
     assert out.returncode == 0, out.stderr
     md = (res / "compare.md").read_text()
     assert md.startswith("3 seeds x 40 steps") and "**inconclusive (window-dependent)**" in md
-    assert "(3) BandPO clips" in md and "last 10 steps: not in these numbers" in md   # the rate: 5 steps only
+    assert "(3) BandPO clips" in md and "all steps: rate 0.0200 vs 0.0200" in md
+    assert "the last half of the steps: not in these numbers" in md
     assert json.load(open(res / "compare.json"))["clip|0.05"] == rows(CLIP)          # the summary is left as it was
 
 

@@ -1,4 +1,6 @@
-"""experiments/horizon.py and compare.py's run bookkeeping, on hand-built metrics.jsonl files (hand-computed answers)."""
+"""experiments/horizon.py and compare.py's run bookkeeping on hand-built metrics.jsonl files (hand-computed answers).
+
+A delay's interval is the 95% t interval, mean ± t(0.975, n - 1) x sd / sqrt(n), t(0.975, 2) = 4.303 (a table)."""
 
 import json
 import os
