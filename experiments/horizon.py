@@ -33,9 +33,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import (ONE_SEED, TESTABLE, VERDICT_WINDOWS, WINDOWS, arm_name, at_window, ci,  # noqa: E402
-                     clip_counts, entropy_control, is_random, load_tables, mean_std, one_seed_check,
-                     plot_seeds, regime, run_reward, t_interval, verdicts)
+from compare import clip_counts, load_tables, plot_seeds, run_reward  # noqa: E402
+from verdicts import (ONE_SEED, TESTABLE, VERDICT_WINDOWS, WINDOWS, arm_name, at_window, ci,  # noqa: E402
+                      entropy_control, is_random, mean_std, one_seed_check, regime, t_interval, verdicts)
 
 WINDOW = 10      # steps in a trailing mean (per-step metrics come from 256 completions: noisy one by one)
 LAST_EVALS = 3   # evaluations averaged into the final accuracy

@@ -1,4 +1,4 @@
-"""experiments/compare.py's statistics and verdicts on hand-built runs.
+"""experiments/verdicts.py's statistics and verdicts, and compare.py's CLI, on hand-built runs.
 
 Every expected label and number below is worked out by hand in the comment beside it: a paired difference is read
 through its 95% t interval, mean ± t(0.975, n - 1) x sd / sqrt(n), with t(0.975, 2) = 4.303 for three seeds (any
@@ -17,6 +17,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import compare  # noqa: E402
+import verdicts  # noqa: E402
 
 T2 = 4.303                  # t(0.975, df = 2), from a table
 CLIP = [0.10, 0.12, 0.14]   # GRPO's final entropy in seeds 0, 1, 2: mean 0.12, so the margin is ±0.012
@@ -54,29 +55,29 @@ def table(noclip=None, band=None, clip=None, **others):
 def test_t_quantiles_match_a_table():
     # t(0.975): df 1 12.706, df 2 4.303, df 4 2.776, df 30 2.042, df 40 2.021, df 60 2.000, df 120 1.980
     for df, t in ((1, 12.706), (2, 4.303), (4, 2.776), (30, 2.042), (40, 2.021), (60, 2.000), (120, 1.980)):
-        assert compare.t975(df) == pytest.approx(t, abs=1e-3)
+        assert verdicts.t975(df) == pytest.approx(t, abs=1e-3)
 
 
 def test_paired_t_interval_by_hand():
     # differences 0.10, 0.12, 0.11: mean 0.11, sd 0.01, half-width 4.303 x 0.01 / sqrt(3) = 0.024843
     a, b = arm([0.20, 0.30, 0.25]), arm([0.10, 0.18, 0.14])
-    d = compare.paired(a, b, "entropy")
+    d = verdicts.paired(a, b, "entropy")
     assert d.n == 3 and d.mean == pytest.approx(0.11, abs=1e-12)
     assert d.half == pytest.approx(T2 * 0.01 / math.sqrt(3), rel=1e-9)
-    assert compare.ci(d) == "+0.110 ± 0.025 (95% t interval, n = 3)"
+    assert verdicts.ci(d) == "+0.110 ± 0.025 (95% t interval, n = 3)"
     # pairs by seed: b lacks seed 1, so the differences are seed 0's 0.10 and seed 2's 0.11 (not 0.12 by position):
     # mean 0.105, sd 0.00707, half-width 12.706 x 0.00707 / sqrt(2) = 0.0635
-    d = compare.paired(a, [b[0], b[2]], "entropy")
+    d = verdicts.paired(a, [b[0], b[2]], "entropy")
     assert d.n == 2 and d.mean == pytest.approx(0.105) and d.half == pytest.approx(12.706 * 0.005, rel=1e-6)
-    one = compare.paired(a, [b[2]], "entropy")
-    assert one.n == 1 and math.isnan(one.half) and compare.ci(one) == "+0.110 (n = 1: no interval)"
+    one = verdicts.paired(a, [b[2]], "entropy")
+    assert one.n == 1 and math.isnan(one.half) and verdicts.ci(one) == "+0.110 (n = 1: no interval)"
 
 
 def test_windows_by_hand():
     values = [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert compare.at_window(values, 2) == 4.5           # the last 2 steps
-    assert compare.at_window(values, "all") == 3.0
-    assert compare.at_window(values, "half") == 4.0      # steps 3..5: the later half, the middle step with it
+    assert verdicts.at_window(values, 2) == 4.5           # the last 2 steps
+    assert verdicts.at_window(values, "all") == 3.0
+    assert verdicts.at_window(values, "half") == 4.0      # steps 3..5: the later half, the middle step with it
 
 
 @pytest.mark.parametrize("mean, half, n, side", [
@@ -88,7 +89,7 @@ def test_windows_by_hand():
     (0.02, math.nan, 1, "n = 1"),
 ])
 def test_weigh(mean, half, n, side):
-    assert compare.weigh(compare.Diff(mean, half, n), 0.005) == side
+    assert verdicts.weigh(verdicts.Diff(mean, half, n), 0.005) == side
 
 
 # --- claim (2) against the no-clip arm -----------------------------------------------------------------------------
@@ -96,7 +97,7 @@ def test_weigh(mean, half, n, side):
 def test_not_testable_needs_the_noclip_interval_below_the_margin():
     # no-clip minus GRPO +0.004, -0.002, +0.001: mean 0.001, sd 0.003, half 4.303 x 0.003 / sqrt(3) = 0.00745:
     # [-0.0065, +0.0085], below +0.012 -> not testable
-    reading, (check, line) = compare.entropy_control(table(noclip=arm(plus(CLIP, [0.004, -0.002, 0.001]))))
+    reading, (check, line) = verdicts.entropy_control(table(noclip=arm(plus(CLIP, [0.004, -0.002, 0.001]))))
     assert reading == "not testable in this regime"
     assert "last 5 steps: +0.001 ± 0.007 (95% t interval, n = 3) against +0.012: **not above GRPO by more" in check
     assert "**acted**" in check
@@ -108,21 +109,21 @@ def test_not_testable_needs_the_noclip_interval_below_the_margin():
 def test_a_merely_insignificant_difference_is_underpowered():
     # no-clip minus GRPO +0.04, -0.01, +0.02: mean 0.0167, sd 0.0252, half 4.303 x 0.0145 = 0.0625: [-0.046, +0.079]
     # reaches past +0.012 and below 0 -> underpowered (two s.e., 0.029, would have called it "does not differ")
-    reading, (check, line) = compare.entropy_control(table(noclip=arm(plus(CLIP, [0.04, -0.01, 0.02]))))
+    reading, (check, line) = verdicts.entropy_control(table(noclip=arm(plus(CLIP, [0.04, -0.01, 0.02]))))
     assert reading == "inconclusive (underpowered)"
     assert "+0.017 ± 0.063 (95% t interval, n = 3) against +0.012: **underpowered**" in check
 
 
 def test_noclip_below_clip_is_not_testable():
     # -0.05, -0.06, -0.04: mean -0.05, half 4.303 x 0.01 / sqrt(3) = 0.0248: [-0.075, -0.025], below +0.012
-    reading, (_, line) = compare.entropy_control(table(noclip=arm(plus(CLIP, [-0.05, -0.06, -0.04]))))
+    reading, (_, line) = verdicts.entropy_control(table(noclip=arm(plus(CLIP, [-0.05, -0.06, -0.04]))))
     assert reading == "not testable in this regime" and "(no-clip below GRPO)" in line
     assert "no-clip minus GRPO -0.050 ± 0.025 (95% t interval, n = 3)" in line
 
 
 def test_one_paired_seed_is_inconclusive():
     # no-clip ran seed 2 only: one pair (0.25 - 0.14 = +0.11), no interval
-    reading, (check, line) = compare.entropy_control(table(noclip=[arm(plus(CLIP, [0.10, 0.12, 0.11]))[2]]))
+    reading, (check, line) = verdicts.entropy_control(table(noclip=[arm(plus(CLIP, [0.10, 0.12, 0.11]))[2]]))
     assert reading == "inconclusive (n = 1)" and "+0.110 (n = 1: no interval)" in check
 
 
@@ -133,19 +134,19 @@ NOCLIP_ABOVE = plus(CLIP, [0.10, 0.12, 0.11])   # minus GRPO: mean 0.11, half 0.
 def test_supports_needs_the_claimed_size():
     # Band-KL = no-clip + 0.002, -0.001, +0.002: minus no-clip mean 0.001, sd 0.001732, half 4.303 x 0.001 = 0.0043:
     # inside ±0.012. Band-KL mean 0.12 + 0.311 = 0.431, / GRPO 0.12 = 3.59 >= sqrt(10) = 3.16 -> supports
-    reading, (_, line) = compare.entropy_control(table(noclip=arm(NOCLIP_UP), band=arm(plus(NOCLIP_UP,
+    reading, (_, line) = verdicts.entropy_control(table(noclip=arm(NOCLIP_UP), band=arm(plus(NOCLIP_UP,
                                                                                           [0.002, -0.001, 0.002]))))
     assert reading == "supports" and "Band-KL / GRPO 3.59" in line and "Band-KL / GRPO >= 3.16" in line
     assert "Band-KL minus no-clip +0.001 ± 0.004 (95% t interval, n = 3)" in line
     # no-clip only 0.11 above, Band-KL = no-clip + 0.002, -0.001, +0.005 (0.002 ± 4.303 x 0.003 / sqrt(3) =
     # 0.0075, inside ±0.012): Band-KL 0.232 / 0.12 = 1.93 < 3.16: the direction only
-    reading, (_, line) = compare.entropy_control(table(noclip=arm(NOCLIP_ABOVE), band=arm(plus(NOCLIP_ABOVE,
+    reading, (_, line) = verdicts.entropy_control(table(noclip=arm(NOCLIP_ABOVE), band=arm(plus(NOCLIP_ABOVE,
                                                                                              [0.002, -0.001, 0.005]))))
     assert reading == "supports the direction, not the size" and "Band-KL / GRPO 1.93 < 3.16" in line
     # a 5% effect, Band-KL / GRPO 1.05: no-clip +0.005, +0.007, +0.006 ends at 0.006 + 0.0025 < +0.012: the clip
     # does not hold the entropy down by more than the margin, so no reading of Band-KL at all
     small = plus(CLIP, [0.005, 0.007, 0.006])
-    assert compare.entropy_control(table(noclip=arm(small), band=arm(small)))[0] == "not testable in this regime"
+    assert verdicts.entropy_control(table(noclip=arm(small), band=arm(small)))[0] == "not testable in this regime"
 
 
 @pytest.mark.parametrize("band_offsets, reading, why", [
@@ -161,7 +162,7 @@ def test_supports_needs_the_claimed_size():
     ([-0.10, -0.12, -0.11], "does not reproduce", "Band-KL below no-clip and not above GRPO"),
 ])
 def test_other_combinations_get_an_honest_label(band_offsets, reading, why):
-    got, (_, line) = compare.entropy_control(table(noclip=arm(NOCLIP_ABOVE), band=arm(plus(CLIP, band_offsets))))
+    got, (_, line) = verdicts.entropy_control(table(noclip=arm(NOCLIP_ABOVE), band=arm(plus(CLIP, band_offsets))))
     assert got == reading and why in line
 
 
@@ -169,7 +170,7 @@ def test_band_within_the_margin_of_both():
     # no-clip minus GRPO +0.015, +0.016, +0.014: mean 0.015, half 4.303 x 0.001 / sqrt(3) = 0.0025: [0.0125, 0.0175]
     # is above 0 and past +0.012. Band-KL = GRPO + 0.007, 0.008, 0.006: minus GRPO [0.0045, 0.0095], minus no-clip
     # -0.008, -0.008, -0.008 (sd 0): both inside ±0.012
-    reading, (_, line) = compare.entropy_control(table(noclip=arm(plus(CLIP, [0.015, 0.016, 0.014])),
+    reading, (_, line) = verdicts.entropy_control(table(noclip=arm(plus(CLIP, [0.015, 0.016, 0.014])),
                                                        band=arm(plus(CLIP, [0.007, 0.008, 0.006]))))
     assert reading == "inconclusive" and "Band-KL within the margin of both GRPO and no-clip" in line
 
@@ -183,14 +184,14 @@ SUPPORTS = dict(noclip=arm(NOCLIP_UP), band=arm(plus(NOCLIP_UP, [0.002, -0.001, 
 ])
 def test_degenerate_guard_on_band(band_final, reading):
     t = dict(SUPPORTS, band=arm(plus(NOCLIP_UP, [0.002, -0.001, 0.002]), final=band_final))
-    got, (_, line) = compare.entropy_control(table(**t))
+    got, (_, line) = verdicts.entropy_control(table(**t))
     assert got == reading
     # -5, -2, +1: sd 3, half 4.303 x 3 / sqrt(3) = 7.45
     assert ("Band-KL -2.0 ± 7.5 (95% t interval, n = 3) (below the start: Band-KL)" in line) == (reading != "supports")
 
 
 def test_degenerate_guard_on_noclip():
-    reading, (_, line) = compare.entropy_control(table(noclip=arm(NOCLIP_UP, final=(0.2, 0.2, 0.2)),
+    reading, (_, line) = verdicts.entropy_control(table(noclip=arm(NOCLIP_UP, final=(0.2, 0.2, 0.2)),
                                                        band=SUPPORTS["band"]))
     assert reading == "degenerate" and "no-clip's extra entropy" in line and "(below the start: no-clip)" in line
 
@@ -199,7 +200,7 @@ def test_the_reading_must_hold_at_both_windows():
     # last 5 steps: no-clip +0.004, -0.002, +0.001 (not testable, as above); last 10 steps: +0.04, -0.01, +0.02
     # (underpowered, as above): the windows disagree
     noclip = arm(plus(CLIP, [0.004, -0.002, 0.001]), entropy10=plus(CLIP, [0.04, -0.01, 0.02]))
-    reading, (check, line) = compare.entropy_control(table(noclip=noclip))
+    reading, (check, line) = verdicts.entropy_control(table(noclip=noclip))
     assert reading == "inconclusive (window-dependent)"
     assert "last 5 steps: no-clip not above GRPO" in line and "last 10 steps: no-clip's interval reaches both" in line
     assert "last 10 steps: +0.017 ± 0.063 (95% t interval, n = 3) against +0.012: **underpowered**" in check
@@ -207,7 +208,7 @@ def test_the_reading_must_hold_at_both_windows():
     t = table(noclip=arm(plus(CLIP, [0.004, -0.002, 0.001])))
     for x in (x for runs in t.values() for x in runs):
         del x["entropy@10"]
-    reading, (_, line) = compare.entropy_control(t)
+    reading, (_, line) = verdicts.entropy_control(t)
     assert reading == "not testable in this regime" and "last 10 steps: not in these numbers" in line
 
 
@@ -217,7 +218,7 @@ def test_the_reading_must_hold_at_both_windows():
     ((20, 25, 29), False),     # mean 0.2467
 ])
 def test_manipulation_check_clip_did_not_act(clips, acted):
-    reading, (check, line) = compare.entropy_control(table(clip=arm(CLIP, clips=clips), **SUPPORTS))
+    reading, (check, line) = verdicts.entropy_control(table(clip=arm(CLIP, clips=clips), **SUPPORTS))
     assert reading == ("supports" if acted else "not testable in this regime")
     assert ("**acted**" in check) == acted and ("**barely acted (< 0.25 per step)**" in check) == (not acted)
     if not acted:
@@ -225,15 +226,15 @@ def test_manipulation_check_clip_did_not_act(clips, acted):
 
 
 def test_no_noclip_arm():
-    reading, (check, line) = compare.entropy_control(table(band=SUPPORTS["band"]))
+    reading, (check, line) = verdicts.entropy_control(table(band=SUPPORTS["band"]))
     assert reading == "no no-clip arm" and check.endswith("**acted**; no no-clip arm")
     assert ("**no no-clip arm: cannot tell 'Band does not help' from 'the clip does not drive the entropy "
             "here'**") in line
     # Band-KL minus GRPO 0.302, 0.319, 0.312: mean 0.311, sd 0.00854, half 4.303 x 0.00493 = 0.0212
     assert "last 5 steps: final entropy GRPO 0.120, Band-KL minus GRPO +0.311 ± 0.021 (95% t interval, n = 3)" in line
-    reading, (check, _) = compare.entropy_control(table(clip=arm(CLIP, clips=(None, None, None))))
+    reading, (check, _) = verdicts.entropy_control(table(clip=arm(CLIP, clips=(None, None, None))))
     assert reading == "no no-clip arm" and "clip/low_p_upper_rate, is 0.0200): **not counted**" in check
-    _, (check, _) = compare.entropy_control(table(clip=arm(CLIP, clips=(300, None, 300))))
+    _, (check, _) = verdicts.entropy_control(table(clip=arm(CLIP, clips=(300, None, 300))))
     assert "**not counted**" in check
 
 
@@ -249,7 +250,7 @@ def test_no_noclip_arm():
 ])
 def test_accuracy_verdict(band_final, label, shown):
     t = table(band=arm(CLIP, final=band_final), clip=arm(CLIP, final=(0.40, 0.40, 0.40)))
-    line = compare.verdicts(t)[0]
+    line = verdicts.verdicts(t)[0]
     assert line.startswith("(1) BandPO beats clip by >= 2 points")
     assert f"**{label}** (Band-KL minus clip {shown} (95% t interval, n = 3) points, the last evaluation)" in line
 
@@ -257,9 +258,9 @@ def test_accuracy_verdict(band_final, label, shown):
 def test_accuracy_verdict_needs_two_seeds_and_the_clip_to_act():
     # one Band-KL seed (+3 points): no interval, no reading
     t = table(band=arm([0.1], final=[0.43]), clip=arm(CLIP, final=(0.40, 0.40, 0.40)))
-    assert "**inconclusive (n = 1)** (Band-KL minus clip +3.0 (n = 1: no interval) points" in compare.verdicts(t)[0]
+    assert "**inconclusive (n = 1)** (Band-KL minus clip +3.0 (n = 1: no interval) points" in verdicts.verdicts(t)[0]
     t = table(band=arm(CLIP, final=(0.43, 0.44, 0.435)), clip=arm(CLIP, final=(0.4,) * 3, clips=(20, 20, 20)))
-    assert "**not testable in this regime (the clip barely acted)**" in compare.verdicts(t)[0]
+    assert "**not testable in this regime (the clip barely acted)**" in verdicts.verdicts(t)[0]
 
 
 @pytest.mark.parametrize("band_rate, label", [
@@ -272,7 +273,7 @@ def test_accuracy_verdict_needs_two_seeds_and_the_clip_to_act():
     ((0.010, 0.030, 0.020), "not distinguishable at this scale"),
 ])
 def test_claim3(band_rate, label):
-    line = compare.claim3(table(band=arm(CLIP, rate=band_rate)))[0]
+    line = verdicts.claim3(table(band=arm(CLIP, rate=band_rate)))[0]
     assert f"**{label}**" in line and "at most half GRPO's rate" in line
     if label == "reproduced":
         assert "all steps: rate 0.0080 vs 0.0200, Band-KL / GRPO 0.40; difference -0.0120 ± 0.0025" in line
@@ -282,8 +283,8 @@ def test_claim3_window_dependent_and_one_seed():
     band = arm(CLIP, rate=(0.008, 0.007, 0.009))
     for x, r in zip(band, (0.010, 0.030, 0.020)):   # reproduced over all steps, not distinguishable over the half
         x["clip/low_p_upper_rate@half"] = r
-    assert "**inconclusive (window-dependent)**" in compare.claim3(table(band=band))[0]
-    assert "**inconclusive (n = 1)**" in compare.claim3(table(band=arm([0.1], rate=[0.008])))[0]
+    assert "**inconclusive (window-dependent)**" in verdicts.claim3(table(band=band))[0]
+    assert "**inconclusive (n = 1)**" in verdicts.claim3(table(band=arm([0.1], rate=[0.008])))[0]
 
 
 # --- the random-reward regime --------------------------------------------------------------------------------------
@@ -304,7 +305,7 @@ def coins(noclip_offsets, band_fraction=None, n=3, reward="random"):
     ([0.1, -0.1, 0.05], "inconclusive (underpowered)"),     # -0.0167 ± 0.259
 ])
 def test_random_regime_asks_whether_the_clip_moves_the_entropy(offsets, reading):
-    lines = compare.verdicts(coins(offsets, band_fraction=0.5))
+    lines = verdicts.verdicts(coins(offsets, band_fraction=0.5))
     assert lines[0].startswith("(1), (2a), (2b) and the held-out-accuracy guard do not apply") and "random" in lines[0]
     assert lines[1].startswith("(control) Did the clip act?") and "**acted**" in lines[1]
     assert lines[2].startswith("(R) Does the clip by itself move the entropy") and f"**{reading}**" in lines[2]
@@ -322,17 +323,17 @@ def test_random_regime_asks_whether_the_clip_moves_the_entropy(offsets, reading)
 def test_random_regime_one_seed_window_dependence_and_a_weak_clip():
     t = coins([0.05, 0.06, 0.04])
     t[("noclip", 0.05)] = t[("noclip", 0.05)][:1]   # no-clip finished seed 0 only
-    assert "**inconclusive (n = 1)** (last 5 steps: -0.050 (n = 1: no interval)" in compare.random_control(t)[1][2]
+    assert "**inconclusive (n = 1)** (last 5 steps: -0.050 (n = 1: no interval)" in verdicts.random_control(t)[1][2]
     # last 5 steps: lowers; last 10 steps: GRPO and no-clip equal -> no effect: window-dependent, and no f
     t = coins([0.05, 0.06, 0.04], band_fraction=0.5)
     for x, c in zip(t[("noclip", 0.05)], CLIP):
         x["entropy@10"] = c
-    reading, lines = compare.random_control(t)
+    reading, lines = verdicts.random_control(t)
     assert reading == "inconclusive (window-dependent)" and not any(x.startswith("(R) bandkl") for x in lines)
     t = coins([0.05, 0.06, 0.04], band_fraction=0.5)
     for x in t[("clip", 0.05)]:
         x["clip/n_low_p_upper"] = 10   # 0.1 per step
-    assert compare.random_control(t)[0] == "not testable in this regime"
+    assert verdicts.random_control(t)[0] == "not testable in this regime"
 
 
 def test_drift_fraction_interval_by_hand():
@@ -340,9 +341,9 @@ def test_drift_fraction_interval_by_hand():
     # pooled. A resample is {0, 0} (f 0.2, probability 1/4), {0, 1} (0.5, 1/2) or {1, 1} (0.8, 1/4): each end
     # holds a quarter of the draws, so the 2.5% and 97.5% points are 0.2 and 0.8
     clip, noclip, band = arm([0.1, 0.1]), arm([0.2, 0.2]), arm([0.12, 0.18])
-    f, lo, hi, n = compare.drift_fraction(band, clip, noclip, "entropy")
+    f, lo, hi, n = verdicts.drift_fraction(band, clip, noclip, "entropy")
     assert (n, f, lo, hi) == (2, pytest.approx(0.5), pytest.approx(0.2), pytest.approx(0.8))
-    assert compare.fraction_label(f, lo, hi, n) == "removes part of it"
+    assert verdicts.fraction_label(f, lo, hi, n) == "removes part of it"
 
 
 @pytest.mark.parametrize("lo, hi, label", [
@@ -354,16 +355,16 @@ def test_drift_fraction_interval_by_hand():
     (0.2, 0.8, "removes part of it"),
 ])
 def test_fraction_labels(lo, hi, label):
-    assert compare.fraction_label((lo + hi) / 2, lo, hi, 3) == label
-    assert compare.fraction_label(0.5, math.nan, math.nan, 1) == "inconclusive (n = 1)"
+    assert verdicts.fraction_label((lo + hi) / 2, lo, hi, 3) == label
+    assert verdicts.fraction_label(0.5, math.nan, math.nan, 1) == "inconclusive (n = 1)"
 
 
 def test_mixed_reward_regimes_are_refused():
     t = coins([0.05, 0.06, 0.04])
     t[("noclip", 0.05)] = arm(CLIP, reward="math-verify")
     with pytest.raises(ValueError, match=r"mix training rewards \['math-verify', 'random'\]"):
-        compare.verdicts(t)
-    assert compare.regime(table()) == "math-verify"   # rows without a reward: train.py's default
+        verdicts.verdicts(t)
+    assert verdicts.regime(table()) == "math-verify"   # rows without a reward: train.py's default
 
 
 # --- the command line: hand-built runs -------------------------------------------------------------------------------
@@ -487,16 +488,16 @@ def test_one_seed_reports_the_manipulation_check_without_a_reading():
     # GRPO: 30 upward clips of p < 0.2 tokens in 100 steps = 0.30 per step, at or above the 0.25
     # floor; no-clip 0.10 + 0.05 = 0.15 and Band-KL 0.10 - 0.02 = 0.08 final entropy vs GRPO's 0.10
     t = table(noclip=arm([0.15], clips=[0]), band=arm([0.08], clips=[0]), clip=arm([0.10], clips=[30]))
-    (line,) = compare.one_seed_check(t)
+    (line,) = verdicts.one_seed_check(t)
     assert "GRPO clipped 30 p < 0.2 tokens upward in 100 steps (0.300 per step, at or above" in line
     assert "no-clip minus GRPO final entropy +0.050" in line
     assert "Band-KL δ=0.05 minus GRPO final entropy -0.020" in line
     assert "**" not in line and "no no-clip arm" not in line  # no verdict label from one seed
-    one = lambda clips: compare.one_seed_check(table(clip=arm([0.1], clips=[clips])))  # noqa: E731
+    one = lambda clips: verdicts.one_seed_check(table(clip=arm([0.1], clips=[clips])))  # noqa: E731
     assert "(0.250 per step, at or above the 0.25 floor)" in one(25)[0]  # the floor itself
     assert "(0.240 per step, below the 0.25 floor)" in one(24)[0]
     assert "; no no-clip arm;" in one(5)[0]
     assert one(None) == []  # without the counts (older runs) there is nothing to report
     other = arm([0.15], clips=[0])
     other[0]["seed"] = "1"
-    assert "no-clip ran another seed" in compare.one_seed_check(table(noclip=other, clip=arm([0.1])))[0]
+    assert "no-clip ran another seed" in verdicts.one_seed_check(table(noclip=other, clip=arm([0.1])))[0]
