@@ -18,7 +18,7 @@ under --reward random that difference is the arm's clip's own drift); without --
 directory. `--from-json --results <dir>` re-issues horizon.md from the summaries alone (horizon.json, with
 compare.json's last-5-step entropy). The committed experiments keep theirs in experiments/results/<experiment>/
 and figures/<experiment>_horizon*.png, shown in docs/results.md. The statistics and the entropy readings are
-compare.py's (95% t intervals, the equivalence margin, two windows; entropy_control against a no-clip arm,
+experiments/verdicts.py's (95% t intervals, the equivalence margin, two windows; entropy_control against a no-clip arm,
 random_control under --reward random, where (2a) and (2b) do not apply). Definitions:
 - start entropy: the entropy at step 1 (the initial policy on its first rollout; every method of a seed shares it);
 - half-entropy step: the first step at which the trailing WINDOW-step mean of the entropy is <= half the start;
@@ -127,7 +127,7 @@ def entropy_collapse_verdicts(table, horizon, reading=None):
     (2a) "reproduced" where every GRPO seed (n >= 2) halves its entropy. (2b) paired delays of Band-KL's
     half-entropy step: "reproduced" needs a mean delay of at least a quarter of GRPO's half-entropy step with a
     95% t interval above 0, "not reproduced" an interval wholly below that quarter. `reading` is
-    compare.entropy_control's: unless it is one of TESTABLE (the regime can test the claim), it replaces (2b)'s
+    verdicts.entropy_control's: unless it is one of TESTABLE (the regime can test the claim), it replaces (2b)'s
     label, whose numbers stay. None: the delay rule alone.
     """
     out = []
