@@ -93,7 +93,7 @@ def train_all(args, runs, extra):
         while pending and len(running) < args.jobs:
             slot = min(set(range(args.jobs)) - {s for s, _, _ in running.values()})
             run = pending.pop(0)
-            cmd = train_cmd(args, *run, extra, port=29600 + slot)
+            cmd = train_cmd(args, *run, extra, port=args.master_port + slot)
             if cmd is None:
                 continue
             env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -269,6 +269,8 @@ def main():
     p.add_argument("--max-steps", type=int, default=40)
     p.add_argument("--nproc", type=int, default=2, help="ranks per run (torchrun --nproc_per_node)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once, each on its own cores (CPU)")
+    p.add_argument("--master-port", type=int, default=29600,
+                   help="torchrun port of the first job (job k: +k); another comparison at once needs another")
     p.add_argument("--reward", default=None, help="train.py --reward of every new run (random[:P]: coin rewards)")
     p.add_argument("--runs-dir", default=os.path.join(ROOT, "runs", "compare"))
     p.add_argument("--results", default=os.path.join(ROOT, "experiments", "results", "toy"),

@@ -9,6 +9,7 @@
 #   SEEDS=0 STEPS=30 bash experiments/real_scale.sh  # one seed per arm
 #   bash experiments/real_scale.sh --prompts-per-step 4 --mini-batch-prompts 1  # train.py flags after the others
 #   REWARD=random NAME=real-scale-random bash experiments/real_scale.sh  # coin rewards: the clip's own drift
+#   PORT=29700 ...                                   # beside another comparison on the same machine
 #
 # JOBS runs share one device: each vLLM engine is given min(0.5, 0.85 / JOBS) of its memory
 # (--gpu-memory-utilization; train.py's default is 0.5), so that nine engines on one GPU do not ask for half each.
@@ -25,7 +26,7 @@ NAME=${NAME:-real-scale}
 REWARD=${REWARD:-math-verify}
 GPU_SHARE=$(awk -v j="$JOBS" 'BEGIN { s = 0.85 / j; printf "%.3f", (s < 0.5 ? s : 0.5) }')
 $PY experiments/compare.py --methods clip,noclip,bandkl --bandkl-deltas "" --seeds "$SEEDS" --max-steps "$STEPS" \
-    --nproc 1 --jobs "$JOBS" --reward "$REWARD" --runs-dir "runs/$NAME" --results "experiments/results/$NAME" \
+    --nproc 1 --jobs "$JOBS" --master-port "${PORT:-29600}" --reward "$REWARD" --runs-dir "runs/$NAME" --results "experiments/results/$NAME" \
     --figure "figures/${NAME}_compare.png" --title "SmolLM2-135M-Instruct, 4 mini-batches, G 16, 64 tokens, KL 0.001" \
     -- --model models/smollm2-135m-instruct --data arithmetic-instruct:1,3 --prompts-per-step 8 --group-size 16 \
     --mini-batch-prompts 2 --micro-batch-size 32 --max-new-tokens 64 --max-prompt-len 64 --lr 2e-5 \
