@@ -242,10 +242,14 @@ def finalize_metrics(sums):
         "kl/old_new_k1": rate("sum_k1", "n_tokens"), "kl/old_new_k3": rate("sum_k3", "n_tokens"),
     })
     # the policy's diagnostics (policy.old_policy_sums, policy.update_policy), per token or update
-    per_token = {"entropy": "sum_entropy", "rollout/logprob_diff": "sum_logprob_diff",
-                 "kl/ref": "sum_kl_ref", "rollout/ratio_out_0.1_frac": "n_ratio_out_0.1",
-                 "rollout/ratio_out_band_frac": "n_ratio_out_band"}
+    per_token = {"entropy": "sum_entropy", "kl/ref": "sum_kl_ref"}
     out.update({key: rate(s, "n_tokens") for key, s in per_token.items() if s in v})
+    # the engine-vs-trainer gap, over the tokens it was measured on (policy.engine_gap_sums: all
+    # of them in the trainer's pass, the first mini-batch's where no pass ran)
+    gap = {"rollout/logprob_diff": "sum_logprob_diff",
+           "rollout/ratio_out_0.1_frac": "n_ratio_out_0.1",
+           "rollout/ratio_out_band_frac": "n_ratio_out_band"}
+    out.update({key: rate(s, "n_gap_tokens") for key, s in gap.items() if s in v})
     if "n_first_tokens" in v:
         out["ratio/first_abs_dev"] = rate("sum_first_abs_dev", "n_first_tokens")
     if "n_responses" in v:

@@ -14,9 +14,11 @@ state and reductions.
 
 Tests: tests/test_policy.py (the build against from_pretrained, bf16 compute on fp32 master weights,
 packed log-probs against an unpadded forward per row, on-policy = off-policy with a fresh π_old, the
-batch-shape check, token-budget and shared-prompt updates against plain ones); tests/test_train.py
-(the skip of a non-finite mini-batch; 2 ranks = 1 rank on one global batch via tests/fsdp_step.py);
-tests/test_grpo.py (the accumulation identity of the loss).
+batch-shape check, token-budget and shared-prompt updates against plain ones, the split of a plan);
+tests/test_two_ranks.py (2 ranks = 1 rank on one global batch for every option that changes
+micro-batches, collectives or normalisers, token budgets of unequal counts included);
+tests/test_train.py (the skip of a non-finite mini-batch); tests/test_grpo.py (the accumulation
+identity of the loss).
 """
 import os
 
@@ -177,7 +179,8 @@ def micro_batches(rows, cfg, spans):
     is a micro-batch of one). Sorting puts rows of like length together, so a long response no
     longer makes its neighbours pay its length. The old-log-prob pass runs the same micro-batches as
     the update, so both run the same shapes: with bf16 kernels, other shapes would round differently
-    and the first mini-batch's ratio would not be exactly 1."""
+    and the first mini-batch's ratio would not be exactly 1. This rank's own plan: under a process
+    group `plan_micro_batches` makes every rank's count the same."""
     if not cfg.micro_batch_tokens:
         return [slice(i, min(i + cfg.micro_batch_size, rows.stop))
                 for i in range(rows.start, rows.stop, cfg.micro_batch_size)]
@@ -195,6 +198,38 @@ def micro_batches(rows, cfg, spans):
     return out
 
 
+def plan_micro_batches(n_rows, cfg, spans, device):
+    """Every mini-batch of this rank with its micro-batches, as many micro-batches as on every other
+    rank: -> [(rows, [micro-batch, ...]), ...]. Each FSDP2 forward and backward is a collective, so
+    two ranks that run different counts hang. Row micro-batches agree by construction (every rank
+    has as many rows); token budgets plan from this rank's lengths, so the counts are all-reduced
+    with MAX, one collective for all mini-batches (verl's dynamic batch size does the same:
+    `rearrange_micro_batches` in verl/utils/seqlen_balancing.py all-reduces its count with MAX),
+    and a rank short of the count splits its largest micro-batches (`_split`). The loss does not
+    change: its normalisers are the whole mini-batch's. Used by the update and by the old- and
+    reference-log-prob passes alike, so all three run the same shapes."""
+    plan = [(rows, micro_batches(rows, cfg, spans)) for rows in mini_batches(n_rows, cfg)]
+    if not (cfg.micro_batch_tokens and dist.is_initialized()):
+        return plan
+    counts = torch.tensor([len(mbs) for _, mbs in plan], device=device)  # (M,)
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    return [(rows, _split(mbs, n, spans)) for (rows, mbs), n in zip(plan, counts.tolist())]
+
+
+def _split(mbs, n, spans):
+    """Split the micro-batch of most padded tokens (of those with two rows or more) into its longer
+    and its shorter half until there are n: always possible while n <= the rows, and each half is
+    within the budget its whole was."""
+    mbs = list(mbs)
+    while len(mbs) < n:
+        k = max((j for j, mb in enumerate(mbs) if len(mb) > 1),
+                key=lambda j: (max(spans[i][0] for i in mbs[j])
+                               + max(max(spans[i][1] for i in mbs[j]), 1)) * len(mbs[j]))
+        half = (len(mbs[k]) + 1) // 2
+        mbs[k:k + 1] = [mbs[k][:half], mbs[k][half:]]
+    return mbs
+
+
 def _forward(model, mb, cfg, with_entropy=False):
     """log π (and the entropy) of one micro-batch's response tokens: (b, T) each."""
     return sequence_logprobs(model, mb.input_ids, mb.attn, mb.n_prompt, len(mb), cfg.temperature,
@@ -207,8 +242,8 @@ def batch_logprobs(model, cfg, batch, with_entropy=False):
     micro-batches. -> (logp (B, T), entropy (B, T) or None), in the batch's row order."""
     logp = torch.zeros_like(batch.mask)                              # (B, T)
     entropy = torch.zeros_like(batch.mask) if with_entropy else None
-    for rows in mini_batches(len(batch), cfg):
-        for mb in micro_batches(rows, cfg, batch.spans):
+    for _, mbs in plan_micro_batches(len(batch), cfg, batch.spans, batch.input_ids.device):
+        for mb in mbs:
             lp, ent = _forward(model, batch[mb], cfg, with_entropy)   # (b, T)
             logp[mb] = lp
             if with_entropy:
@@ -218,17 +253,25 @@ def batch_logprobs(model, cfg, batch, with_entropy=False):
 
 def old_policy_sums(old_logp, entropy, engine_logp, mask, cfg):
     """Diagnostics of π_old on the sampled tokens, as sums (grpo.finalize_metrics makes the rates):
-    the entropy, and the engine's view of the same distribution. |engine log-prob − trainer
-    log-prob| is rollout/logprob_diff (TRL: sampling/sampling_logp_difference): a gap means
-    mismatched temperature, stale weights or rounding (bf16). The ratio r = exp(trainer − engine)
-    that a trainer taking the engine's log-probs as π_old would see is counted where it leaves
-    [0.9, 1.1] and where it leaves the band of the engine's log-prob (what rounding alone clips)."""
-    r = torch.exp(old_logp - engine_logp)                            # (B, T)
-    lower, upper = _bounds(engine_logp.clamp(max=0.0), cfg)
+    its entropy and `engine_gap_sums`."""
     return {"sum_entropy": (entropy * mask).sum(),
-            "sum_logprob_diff": ((engine_logp - old_logp).abs() * mask).sum(),
+            **engine_gap_sums(old_logp, engine_logp, mask, cfg)}
+
+
+def engine_gap_sums(trainer_logp, engine_logp, mask, cfg):
+    """The engine's view of the trainer's π_old on the sampled tokens, as sums over n_gap_tokens:
+    |engine log-prob − trainer log-prob| is rollout/logprob_diff (TRL:
+    sampling/sampling_logp_difference): a gap means mismatched temperature, stale weights or
+    rounding (bf16). The ratio r = exp(trainer − engine) that a trainer taking the engine's
+    log-probs as π_old would see is counted where it leaves [0.9, 1.1] and where it leaves the band
+    of the engine's log-prob (what rounding alone clips). Meaningful only before any optimizer step
+    of the rollout: after one, the update's own drift adds to the gap."""
+    r = torch.exp(trainer_logp - engine_logp)                        # (B, T)
+    lower, upper = _bounds(engine_logp.clamp(max=0.0), cfg)
+    return {"sum_logprob_diff": ((engine_logp - trainer_logp).abs() * mask).sum(),
             "n_ratio_out_0.1": (((r - 1).abs() > 0.1) * mask).sum(),
-            "n_ratio_out_band": (((r > upper) | (r < lower)) * mask).sum()}
+            "n_ratio_out_band": (((r > upper) | (r < lower)) * mask).sum(),
+            "n_gap_tokens": mask.sum()}
 
 
 def _bounds(old_logp, cfg):
@@ -268,11 +311,11 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
 
     old_logp: π_old of every row (B, T), the trainer's recomputation or the engine's log-probs
     (--old-logp engine); None when on_policy(cfg) with --old-logp trainer. Without a separate
-    trainer pass (None, or the engine's) the entropy and rollout/logprob_diff are measured in this
-    forward, each mini-batch's before its optimizer step. The first mini-batch runs before any
-    optimizer step, so its ratio must be exactly 1: Σ|r − 1| over its tokens is logged
-    (ratio/first_abs_dev), 0 only if both passes ran the same kernels.
-    Host syncs: one per mini-batch (the skip decision). -> (sums, skipped updates, last grad norm).
+    trainer pass (None, or the engine's) the diagnostics come from this forward (`_probe_sums`).
+    The first mini-batch runs before any optimizer step, so its ratio must be exactly 1: Σ|r − 1|
+    over its tokens is logged (ratio/first_abs_dev), 0 only if both passes ran the same kernels.
+    Host syncs: one per mini-batch (the skip decision), one more with --micro-batch-tokens (the
+    agreed counts). -> (sums, skipped updates, last grad norm).
     """
     if old_logp is None and not on_policy(cfg):
         raise ValueError("old_logp is required when a rollout feeds several mini-batches "
@@ -287,14 +330,14 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
 
     # no trainer pass before: the diagnostics come from here
     measured_here = old_logp is None or cfg.old_logp == "engine"
-    for m, rows in enumerate(mini_batches(len(batch), cfg)):
+    for m, (rows, mbs) in enumerate(plan_micro_batches(len(batch), cfg, batch.spans, device)):
         n_tokens = batch.mask[rows].sum()  # (), summed over ranks below: the global normaliser Z
         dist.all_reduce(n_tokens)
         norm = dict(num_tokens=n_tokens, num_seqs=float((rows.stop - rows.start) * world),
                     max_len=cfg.max_new_tokens)
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float64, device=device)
-        for rows_mb in micro_batches(rows, cfg, batch.spans):
+        for rows_mb in mbs:
             mb = batch[rows_mb]
             old = None if old_logp is None else old_logp[rows_mb]
             ref = None if ref_logp is None else ref_logp[rows_mb]
@@ -314,15 +357,19 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
 
 
 def _probe_sums(logp, old, entropy, mb, cfg, measured_here, first):
-    """Diagnostics of one micro-batch's forward: the entropy and engine-vs-trainer sums where no
-    trainer pass measured them before, and on the first mini-batch (before any optimizer step of
-    this rollout) Σ|r − 1|, 0 unless π_old came from other kernels or from the engine."""
-    old = logp if old is None else old
+    """Diagnostics of one micro-batch's forward where no trainer pass measured them before: the
+    entropy in every mini-batch (each under the policy that trains on it: the rollout's tokens all
+    count, as in the trainer's pass), the engine-vs-trainer gap on the first mini-batch only, where
+    π_θ is still π_old. On the first mini-batch also Σ|r − 1|, 0 unless π_old came from other
+    kernels or from the engine."""
     sums = {}
     if measured_here:
-        engine = mb.engine_logp if mb.engine_logp is not None else old
-        sums.update(old_policy_sums(logp, entropy, engine, mb.mask, cfg))
+        sums["sum_entropy"] = (entropy * mb.mask).sum()
+        if first:
+            engine = mb.engine_logp if mb.engine_logp is not None else logp
+            sums.update(engine_gap_sums(logp, engine, mb.mask, cfg))
     if first:
+        old = logp if old is None else old
         sums["sum_first_abs_dev"] = ((logp - old).exp().sub(1).abs() * mb.mask).sum().double()
         sums["n_first_tokens"] = mb.mask.sum().double()
     return sums

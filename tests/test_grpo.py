@@ -138,6 +138,22 @@ def test_dual_clip_by_hand():
     assert float(m["n_dual"]) == 1 and float(m["n_lower"]) == 0
 
 
+def test_dual_clip_then_rollout_weight_by_hand():
+    """The rollout weight multiplies the loss after the dual clip. Â = −2, c = 10, band [0.8, 1.2],
+    summed over tokens: r = 15, w = 0.5 → min(max(30, 24), 20)·0.5 = 10; r = 15, w = 2 → 20·2 =
+    40; r = 2, w = 2 → min(max(4, 2.4), 20)·2 = 8: 58 in all, and ∂/∂log π = (0, 0, −Â·r·w = 8).
+    Weighting before the dual clip would give min(15, 20) + min(60, 20) + min(8, 20) = 43, and a
+    gradient 15 on the first token."""
+    r, w = t([[15.0, 15.0, 2.0]]), t([[0.5, 2.0, 2.0]])
+    x = r.log().requires_grad_()
+    loss, m = grpo.policy_loss(x, torch.zeros(1, 3, dtype=F64), t([-2.0]), torch.ones(1, 3), 0.8,
+                               1.2, clip_c=10.0, agg="seq-mean-token-sum", weights=w)
+    assert float(loss) == pytest.approx(58.0, abs=TOL64)
+    (g,) = torch.autograd.grad(loss, x)
+    assert torch.allclose(g, t([[0.0, 0.0, 8.0]]), rtol=0, atol=TOL64)
+    assert float(m["n_dual"]) == 2
+
+
 def test_log_ratio_clamped_to_20():
     loss, _ = grpo.policy_loss(t([[100.0]]), t([[0.0]]), t([-1.0]), torch.ones(1, 1), 0.8, 1.2, clip_c=None)
     assert float(loss) == pytest.approx(math.exp(20.0))
@@ -409,10 +425,11 @@ def test_rollout_is_weight_carries_no_gradient():
     old, engine, mask = is_case()
     old = old[:1].clone().requires_grad_()                                    # ρ = 2, 0.5, 4
     w, _ = grpo.rollout_is_weights(old, engine[:1], mask[:1], "token-truncate", clip_max=3.0)
-    assert not w.requires_grad
     r = t([[1.1, 0.95, 1.05]])
     x = (old.detach() + r.log()).requires_grad_()
     loss, _ = grpo.policy_loss(x, old.detach(), t([1.0]), mask[:1], 0.8, 1.2, agg="token-mean", weights=w)
-    (g,) = torch.autograd.grad(loss, x)
+    (g, g_old) = torch.autograd.grad(loss, (x, old), allow_unused=True)
     assert torch.allclose(g, -r * t([[2.0, 0.5, 3.0]]) / 3, rtol=1e-12, atol=0)
-    assert old.grad is None
+    # through w the loss would depend on old (∂w/∂old = w inside the cap): no path, or 0
+    assert g_old is None or not g_old.any()
+    assert not w.requires_grad

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
+import grpo
 import logprobs
 import policy
 import rollout
@@ -264,3 +265,62 @@ def test_token_budget_old_logprobs_equal_row_micro_batches(group):
                                         RolloutBatch(ids, attn, mask, P), with_entropy=True)
     assert ent is not None and ent.shape == rows.shape
     assert torch.allclose(rows, tokens, atol=1e-4, rtol=0)  # |logp| < 10, 64 u x 10 x a few ~ 1e-4
+
+
+def padded(mb, spans):
+    """A micro-batch's padded size: (longest prompt + longest response, >= 1) x rows."""
+    return (max(spans[i][0] for i in mb) + max(max(spans[i][1] for i in mb), 1)) * len(mb)
+
+
+def test_split_reaches_any_agreed_count_within_the_budget():
+    """A rank short of the agreed micro-batch count (policy._split): for every count from its own
+    plan's up to one row each, that many micro-batches, the same rows in the same order, each a
+    contiguous piece of one of the plan's (so within the budget); the first split is the plan's
+    largest of two rows or more."""
+    cfg = train.Config(micro_batch_tokens=64)
+    g = torch.Generator().manual_seed(7)
+    spans = [(int(p), int(r)) for p, r in zip(torch.randint(2, 20, (16,), generator=g),
+                                              torch.randint(0, 30, (16,), generator=g))]
+    rows = slice(2, 14)
+    plan = policy.micro_batches(rows, cfg, spans)
+    assert 1 < len(plan) < 12  # some micro-batch has several rows: there is something to split
+    for n in range(len(plan), 13):
+        out = policy._split(plan, n, spans)
+        assert len(out) == n
+        assert [i for mb in out for i in mb] == [i for mb in plan for i in mb]
+        for mb in out:
+            whole = next(p for p in plan if mb[0] in p)
+            assert whole[whole.index(mb[0]):whole.index(mb[0]) + len(mb)] == mb
+            assert len(mb) == 1 or padded(mb, spans) <= cfg.micro_batch_tokens
+    once = policy._split(plan, len(plan) + 1, spans)
+    split = [p for p in plan if p not in once]
+    assert split == [max((p for p in plan if len(p) > 1), key=lambda p: padded(p, spans))]
+
+
+def test_engine_gap_measured_before_any_optimizer_step(group):
+    """--old-logp engine, two mini-batches: rollout/logprob_diff is mean |engine − π_old| over the
+    first mini-batch's tokens, π_old the policy before any optimizer step (the second mini-batch's
+    forward follows one, and would add the update's own drift)."""
+    cfg = train.Config(model=rollout.DEFAULT_MODEL, prompts_per_step=4, mini_batch_prompts=2,
+                       group_size=2, micro_batch_size=4, max_new_tokens=9, lr=1e-2, grad_clip=1e6,
+                       train_dtype="float32", old_logp="engine")
+    ids, attn, mask, P = batch(seed=6, B=8, P=7, T=9)
+    model = policy.build_model(cfg, torch.device("cpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    b = RolloutBatch(ids, attn, mask, P)
+    before, _ = policy.batch_logprobs(model, cfg, b)  # the update's own micro-batches and shapes
+    noise = 1e-3 * torch.randn(before.shape, generator=torch.Generator().manual_seed(2))
+    b.engine_logp = before + noise
+    sums, skipped, _ = policy.update_policy(model, opt, cfg, b, torch.linspace(-1.0, 1.2, 8),
+                                            b.engine_logp)
+    assert skipped == 0
+    m = grpo.finalize_metrics(sums)
+    first, second = slice(0, 4), slice(4, 8)
+    want = ((b.engine_logp - before).abs() * mask)[first].sum() / mask[first].sum()
+    # the update's first forward is batch_logprobs' (same shapes, same kernels): only the engine's
+    # values were rounded, once each in float32, u |log p|
+    tol = 2 * U32 * before.abs().max().item()
+    assert m["rollout/logprob_diff"] == pytest.approx(want.item(), abs=tol)
+    after, _ = policy.batch_logprobs(model, cfg, b)
+    drift = ((after - before).abs() * mask)[second].sum() / mask[second].sum()
+    assert drift > 100 * tol  # measured after a step, the gap would be off by far more than tol

@@ -1,0 +1,155 @@
+"""2 ranks = 1 rank on one global batch, for every option that changes micro-batches, collectives
+or normalisers.
+
+tests/fsdp_step.py runs each scenario (one rollout's updates, 2 mini-batches) on the embedded tiny
+model under `torchrun` with gloo on CPU, with 1 rank and with 2, on the same 16 rows: token budgets
+that plan different micro-batch counts on the two ranks (rank 0's responses are 1-2 tokens, rank
+1's 8-10), --share-prompt, the sequence-level rollout corrections, --old-logp engine, the KL term,
+bf16 compute and a resume. The normalisers are the whole mini-batch's, so the update must not
+depend on how rows fall into ranks and micro-batches: the weights after it agree to float32
+rounding. A run that hangs (ranks running different numbers of collectives) fails at the guard.
+"""
+import os
+import subprocess
+
+import pytest
+import torch
+
+from precision import cpu_has_native_bf16
+from test_train import HANG, ROOT, TORCHRUN, env, free_port
+
+import rollout
+
+U32 = torch.finfo(torch.float32).eps / 2  # float32 unit roundoff
+NAMES = ["budget", "share-prompt", "sequence-truncate", "sequence-mask", "engine", "kl", "resume"]
+BF16 = ["bf16", "bf16-budget"]
+
+
+def torchrun_scenarios(out, nproc, names):
+    """tests/fsdp_step.py under torchrun -> its results; a run past HANG is stopped and fails."""
+    cmd = [TORCHRUN, "--nproc_per_node", str(nproc), "--master_port", str(free_port()),
+           "tests/fsdp_step.py", str(out), *names]
+    # one thread per rank on both world sizes (torchrun's default for several): the same kernels
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(env(), OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=HANG)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # torchrun stops its workers on SIGTERM
+        _, err = proc.communicate(timeout=120)
+        pytest.fail(f"{nproc} rank(s) still running after {HANG} s (a hang?): {err[-2000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    return torch.load(out)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{1: results, 2: results} of every scenario (bf16 ones where the CPU has native bf16)."""
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    names = NAMES + (BF16 if cpu_has_native_bf16() else [])
+    return {n: torchrun_scenarios(tmp / f"ranks{n}.pt", n, names) for n in (1, 2)}
+
+
+def assert_same_update(one, two):
+    """The weights after the step agree to float32 rounding, and the step moved them."""
+    from safetensors.torch import load_file
+    before = load_file(os.path.join(rollout.DEFAULT_MODEL, "model.safetensors"))
+    moved = max((w - before[k].double()).abs().max().item()
+                for k, w in one.items() if k in before)
+    assert moved > 1e-3  # the step really moved the weights: the comparison means something
+    # float32, the same sums in other orders (micro-batches, ranks): each w - lr g is rounded once
+    # (u |w|), each gradient carries a summation-order error <~ n_layers sqrt(d_ff) u max|g| (tiny
+    # model: 4 * 16 = 64, tests/test_train.py's bound), and lr max|g| = moved. Both runs err:
+    # |dw| <= 2u |w| + 2 * 64 u moved (measured: at most 62 u moved, in "budget").
+    for k, w in one.items():
+        assert torch.allclose(two[k], w, rtol=2 * U32, atol=2 * 64 * U32 * moved), k
+
+
+# a log-prob from micro-batches of other shapes: each side's logit errs by <~ 64 u max|z| (|z| <= 40
+# on the tiny model, tests/test_train.py), a log-prob by <= 2x that (sum_v |d log p / d z_v| <= 2),
+# and both sides err: 4 * 64 * 40 u = 6e-4
+LOGP_TOL = 4 * 64 * 40 * U32
+
+
+def test_token_budget_unequal_counts_agree_and_equal_one_rank(runs):
+    """--micro-batch-tokens with rank 0's rows short and rank 1's long: rank 0 plans fewer
+    micro-batches than rank 1, both run rank 1's count (no hang), and the update, the loss and the
+    old-log-prob pass equal 1 rank's, whose plan is another."""
+    (raw0, agreed0), (raw1, agreed1) = runs[2]["budget"]["counts"]
+    assert all(a < b for a, b in zip(raw0, raw1))  # each rank's own plan, in both mini-batches
+    assert agreed0 == agreed1 == raw1
+    one, two = runs[1]["budget"], runs[2]["budget"]
+    assert_same_update(one["weights"], two["weights"])
+    # the loss: O(1) terms over 16 rows, float32 in other orders (64 u relative, as the gradient)
+    assert two["metrics"]["loss"] == pytest.approx(one["metrics"]["loss"], rel=64 * U32)
+    assert torch.allclose(two["old_pass"], one["old_pass"], rtol=0, atol=LOGP_TOL)
+
+
+def test_share_prompt_equal_one_rank(runs):
+    """--share-prompt (micro-batches of whole groups, each prompt run once): the update equals 1
+    rank's, whose micro-batches hold other groups."""
+    assert_same_update(runs[1]["share-prompt"]["weights"], runs[2]["share-prompt"]["weights"])
+
+
+@pytest.mark.parametrize("mode", ["sequence-truncate", "sequence-mask"])
+def test_sequence_rollout_correction_equal_one_rank(runs, mode):
+    """--rollout-is sequence-*: a response's weight is its own tokens' product however the rows fall
+    into ranks and token-budget micro-batches; the correction acts (responses outside [0, 1.5])."""
+    one, two = runs[1][mode], runs[2][mode]
+    assert_same_update(one["weights"], two["weights"])
+    assert one["metrics"]["rollout_is/seqs_out_frac"] > 0
+    assert (two["metrics"]["rollout_is/seqs_out_frac"]
+            == one["metrics"]["rollout_is/seqs_out_frac"])
+
+
+def test_engine_old_logp_equal_one_rank_and_gap_measured_before_any_step(runs):
+    """--old-logp engine: the update equals 1 rank's, and rollout/logprob_diff and
+    rollout/ratio_out_0.1_frac are the gap between the engine's log-probs and π_θ before any
+    optimizer step on the first mini-batch (rows 0-7), computed here from one plain forward of the
+    global batch."""
+    one, two = runs[1]["engine"], runs[2]["engine"]
+    assert_same_update(one["weights"], two["weights"])
+    first = slice(0, 8)
+    mask = two["mask"][first].double()                                            # (8, T)
+    gap = (two["engine"][first] - two["before"][first]).double()                  # (8, T)
+    want_diff = (gap.abs() * mask).sum() / mask.sum()
+    want_out = (((gap.neg().exp() - 1).abs() > 0.1) * mask).sum() / mask.sum()
+    for res in (one, two):
+        m = res["metrics"]
+        assert m["rollout/logprob_diff"] == pytest.approx(float(want_diff), abs=LOGP_TOL)
+        assert m["rollout/ratio_out_0.1_frac"] == pytest.approx(float(want_out), abs=1e-12)
+        assert m["entropy"] > 0
+
+
+def test_kl_term_equal_one_rank(runs):
+    """--kl-coef with token budgets: the reference pass runs the agreed micro-batches, and the KL
+    term's gradient and its metric equal 1 rank's."""
+    one, two = runs[1]["kl"], runs[2]["kl"]
+    assert_same_update(one["weights"], two["weights"])
+    assert torch.allclose(two["ref_pass"], one["ref_pass"], rtol=0, atol=LOGP_TOL)
+    assert one["metrics"]["kl/ref"] > 0
+    assert two["metrics"]["kl/ref"] == pytest.approx(one["metrics"]["kl/ref"], rel=64 * U32)
+
+
+def test_resume_equals_uninterrupted(runs):
+    """A checkpoint after the first update, then a fresh model and AdamW loaded from it: the second
+    update gives the uninterrupted run's weights bit for bit (the same operations on the same
+    state), with token budgets, on 1 and on 2 ranks."""
+    for n in (1, 2):
+        res = runs[n]["resume"]
+        for k, w in res["uninterrupted"].items():
+            assert torch.equal(res["weights"][k], w), (n, k)
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="no native bf16 (avx512_bf16, amx_bf16)")
+def test_bf16_equal_one_rank_and_first_ratio_exactly_one(runs):
+    """--train-dtype bfloat16 (bf16 compute, fp32 reduction): with micro-batches of the same shapes
+    on 1 and 2 ranks, the bf16 products are the same and only the fp32 sums differ in order, so the
+    update equals 1 rank's to float32 rounding; with token budgets of unequal counts, the
+    old-log-prob pass and the update run the same agreed micro-batches, so the first mini-batch's
+    ratio is exactly 1 on 2 ranks as on 1."""
+    assert_same_update(runs[1]["bf16"]["weights"], runs[2]["bf16"]["weights"])
+    (raw0, _), (raw1, _) = runs[2]["bf16-budget"]["counts"]
+    assert raw0 != raw1
+    for n in (1, 2):
+        assert runs[n]["bf16-budget"]["metrics"]["ratio/first_abs_dev"] == 0.0, n
