@@ -254,11 +254,14 @@ def finalize_metrics(sums):
         out["ratio/first_abs_dev"] = rate("sum_first_abs_dev", "n_first_tokens")
     if "n_responses" in v:
         out["response_length/mean"] = rate("n_tokens", "n_responses")
-    # rollout_is_weights: the share of tokens (sequences) truncated or masked, and ρ
+    # rollout_is_weights: the share of tokens (sequences) truncated or masked, ρ before truncation
+    # (TRL's sampling/importance_sampling_ratio/* are after it), NaN engine log-probs
     if "n_is_rho" in v:
         out.update({"rollout_is/tokens_out_frac": rate("n_is_tokens_out", "n_tokens"),
                     "rollout_is/rho_mean": rate("sum_is_rho", "n_is_rho"),
                     "rollout_is/rho_max": v["max_is_rho"]})
+        if "n_is_nan" in v:
+            out["rollout_is/engine_nan_frac"] = rate("n_is_nan", "n_tokens")
         if "n_is_seqs" in v:
             out["rollout_is/seqs_out_frac"] = rate("n_is_seqs_out", "n_is_seqs")
     if "n_minibatches" in v:
@@ -283,14 +286,19 @@ def rollout_is_weights(old_logp, engine_logp, mask, mode, clip_max=3.0, clip_min
 
     clip_min None = no lower bound. w carries no gradient. "none" -> (None, {}). Returns (w, sums)
     with sums for finalize_metrics: tokens (and sequences) truncated or masked, Σρ and max ρ over
-    tokens (sequences)."""
+    tokens (sequences) before truncation or masking (TRL logs them after), NaN engine log-probs.
+
+    A NaN engine log-prob (vLLM's "unavailable") contributes log ρ_t = 0, as in TRL 1.16
+    (GRPOTrainer: nan_to_num(..., nan=0.0)): no correction for that token, instead of a NaN loss
+    that would skip the whole mini-batch and every other token's signal with it."""
     if mode not in IS_MODES:
         raise ValueError(f"mode must be one of {IS_MODES}, got {mode!r}")
     if mode == "none":
         return None, {}
     with torch.no_grad():
         m = mask.bool()                                                        # (B, T)
-        diff = torch.where(m, old_logp - engine_logp, 0.0).double()  # (B, T) log ρ_t, 0 off mask
+        nan = m & torch.isnan(engine_logp)                                     # (B, T)
+        diff = torch.where(m & ~nan, old_logp - engine_logp, 0.0).double()  # (B, T) log ρ_t
         seq = mode.startswith("sequence")
         log_rho = diff.sum(-1, keepdim=True).expand_as(diff) if seq else diff  # (B, T)
         rho = log_rho.exp()                                                    # (B, T)
@@ -302,7 +310,8 @@ def rollout_is_weights(old_logp, engine_logp, mask, mode, clip_max=3.0, clip_min
         unit_rho = torch.where(units, rho[:, 0] if seq else rho, 0.0)  # one ρ per sequence or token
         f64 = torch.float64
         sums = {"n_is_rho": units.sum(dtype=f64), "sum_is_rho": unit_rho.sum(),
-                "max_is_rho": unit_rho.max(), "n_is_tokens_out": (m & outside).sum(dtype=f64)}
+                "max_is_rho": unit_rho.max(), "n_is_tokens_out": (m & outside).sum(dtype=f64),
+                "n_is_nan": nan.sum(dtype=f64)}
         if seq:
             sums.update(n_is_seqs=units.sum(dtype=f64),
                         n_is_seqs_out=(units & outside[:, 0]).sum(dtype=f64))

@@ -419,6 +419,28 @@ def test_rollout_is_metrics_hand_case():
         grpo.rollout_is_weights(old, engine, mask, "token_mask")
 
 
+@pytest.mark.parametrize("mode, want", [
+    # row 0: ρ = 2, [NaN -> 1], 4; row 1: 0.2, 5 (its third position is off the mask)
+    ("token-truncate", [[2.0, 1.0, 3.0], [0.2, 3.0, 0]]),
+    ("token-mask", [[2.0, 1.0, 0.0], [0.2, 0.0, 0]]),
+    # sequences: 2 · 1 · 4 = 8 -> 3 (truncated) or 0 (masked); 0.2 · 5 = 1
+    ("sequence-truncate", [[3.0, 3.0, 3.0], [1.0, 1.0, 0]]),
+    ("sequence-mask", [[0.0, 0.0, 0.0], [1.0, 1.0, 0]]),
+])
+def test_rollout_is_nan_engine_logprob_is_no_correction(mode, want):
+    """A NaN engine log-prob contributes log ρ_t = 0 (TRL 1.16's nan_to_num): that token's ρ is 1 and a sequence's ρ
+    is the product of the others' (hand-computed); the weights stay finite and the NaN is counted."""
+    old, engine, mask = is_case()
+    old, engine, mask = old[:2], engine[:2].clone(), mask[:2]
+    engine[0, 1] = float("nan")
+    w, sums = grpo.rollout_is_weights(old, engine, mask, mode, clip_max=3.0)
+    assert torch.isfinite(w).all()
+    assert torch.allclose(w * mask, t(want) * mask, rtol=1e-12, atol=0)
+    _, clip_sums = grpo.policy_loss(old, old, t([0.0, 0.0]), mask, 0.8, 1.2)  # 5 tokens
+    m = grpo.finalize_metrics({**clip_sums, **sums})
+    assert m["rollout_is/engine_nan_frac"] == pytest.approx(1 / 5)
+
+
 def test_rollout_is_weight_carries_no_gradient():
     """The weight multiplies the clipped surrogate and carries no gradient, even when π_old is a tensor with one:
     inside the band ∂ℓ/∂log π = −Â·r·w (token-mean over 3 tokens), and the truncated token gets w = cap."""
