@@ -6,8 +6,8 @@ samples the same rollouts and scores the same ρ in every setting. From each run
   tok out, seq out   rollout_is/tokens_out_frac, seqs_out_frac: share truncated or masked;
   ρ mean, ρ max      rollout_is/rho_mean, rho_max: ρ = π_old / π_engine per token (per sequence);
   Δlogp, out0.1      rollout/logprob_diff, ratio_out_0.1_frac: mean |Δ log p| of engine and
-                     trainer, share of ρ_t outside [0.9, 1.1]; with --old-logp engine they come from
-                     the update's forward, mini-batch m after m optimizer steps (drift included);
+                     trainer, share of ρ_t outside [0.9, 1.1], before any optimizer step: the
+                     old-log-prob pass, or with --old-logp engine the first mini-batch's forward;
   first r-1          ratio/first_abs_dev: mean |r − 1| on the first mini-batch, before any step;
   logprobs, update, step   time/* in seconds, the mean over steps 2.. (step 1 warms up).
 Shares, ρ and the spread are means over all steps (ρ max: the maximum); `@1` columns are step 1.
