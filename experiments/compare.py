@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from verdicts import (DEFAULT_REWARD, ONE_SEED, VERDICT_WINDOWS, WINDOWS, arm_name,  # noqa: E402
+from verdicts import (DEFAULT_REWARD, ONE_SEED, SUMMARY_WINDOWS, VERDICT_WINDOWS, WINDOWS, arm_name,  # noqa: E402
                       at_window, is_random, mean_std, one_seed_check, regime, verdicts)
 from verdicts import entropy_control, random_control  # noqa: E402,F401 (re-exported)
 
@@ -175,7 +175,7 @@ def summarize_run(rows, eval_key, last=5):
             "entropy": avg("entropy"), "clip/frac": avg("clip/frac"),
             "clip/frac_upper": avg("clip/frac_upper"), "clip/low_p_upper_rate": avg("clip/low_p_upper_rate"),
             "reward/mean": avg("reward/mean"), "mean@n_start": evals[0][eval_key] if evals else math.nan,
-            **{f"{k}@{w}": at_window([r[k] for r in steps], w) for k, ws in WINDOWS.items() for w in ws}}
+            **{f"{k}@{w}": at_window([r[k] for r in steps], w) for k, ws in SUMMARY_WINDOWS.items() for w in ws}}
 
 
 def markdown(table, verdict_lines, n_seeds, max_steps):

@@ -34,7 +34,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import clip_counts, load_tables, plot_seeds, run_reward  # noqa: E402
-from verdicts import (ONE_SEED, TESTABLE, VERDICT_WINDOWS, WINDOWS, arm_name, at_window, ci,  # noqa: E402
+from verdicts import (ONE_SEED, SUMMARY_WINDOWS, TESTABLE, VERDICT_WINDOWS, arm_name, at_window, ci,  # noqa: E402
                       entropy_control, is_random, mean_std, one_seed_check, regime, t_interval, verdicts)
 
 WINDOW = 10      # steps in a trailing mean (per-step metrics come from 256 completions: noisy one by one)
@@ -104,7 +104,7 @@ def summarize(series, window=WINDOW):
             **{f"band/out_{side}_frac_p{b}": whole(f"band/out_{side}_frac_p{b}")
                for side in ("upper", "lower") for b in BINS},
             **{f"clip/frac_p{b}": whole(f"clip/frac_p{b}") for b in BINS},
-            **{f"{k}@{w}": at_window([v for _, v in series.get(k, [])], w) for k, ws in WINDOWS.items() for w in ws}}
+            **{f"{k}@{w}": at_window([v for _, v in series.get(k, [])], w) for k, ws in SUMMARY_WINDOWS.items() for w in ws}}
 
 
 def milestones(horizon, parts=6):

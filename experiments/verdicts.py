@@ -27,6 +27,10 @@ DEFAULT_REWARD = "math-verify"   # train.py's --reward, for runs whose config.js
 # --- statistics: paired by seed, 95% t intervals, an equivalence margin, two windows -------------------------------
 # the two windows of each step metric a verdict reads: n = the last n steps, "all" steps, their last "half"
 WINDOWS = {"entropy": (5, 10), "clip/low_p_upper_rate": ("all", "half")}
+# under coin rewards the entropy's drift builds up over the run while the no-clip arm wanders step to step: the
+# random regime reads the entropy over the last 60 steps and over the last half (SUMMARY_WINDOWS: every summary's)
+RANDOM_WINDOWS = (60, "half")
+SUMMARY_WINDOWS = {**WINDOWS, "entropy": WINDOWS["entropy"] + RANDOM_WINDOWS}
 EQUIV = 0.10          # "no difference": the 95% t interval inside ±10% of GRPO's final entropy
 SUPPORT_RATIO = math.sqrt(10)   # Band-KL / GRPO entropy for "supports": the geometric midpoint of 1x and 10x
 BOOTSTRAP = 4000      # resamples of the seeds in drift_fraction's interval (random.Random(0): reproducible)
@@ -105,18 +109,19 @@ def window_name(w):
     return {"all": "all steps", "half": "the last half of the steps"}.get(w, f"last {w} steps")
 
 
-def windows(table, key):
-    """The windows of WINDOWS[key] at which every row of the table holds `key@w`."""
-    return [w for w in WINDOWS[key] if all(f"{key}@{w}" in x for rows in table.values() for x in rows)]
+def windows(table, key, ws=None):
+    """The windows `ws` (default WINDOWS[key]) at which every row of the table holds `key@w`."""
+    return [w for w in ws or WINDOWS[key] if all(f"{key}@{w}" in x for rows in table.values() for x in rows)]
 
 
-def across(results, key):
+def across(results, key, ws=None):
     """(label, text) from per-window (w, label, text) readings of `key`: the label where every window gives it,
     else "inconclusive (window-dependent)"; the text names each window and any window not in the numbers."""
     labels = {label for _, label, _ in results}
-    missing = [f"{window_name(w)}: not in these numbers" for w in WINDOWS[key] if w not in {r[0] for r in results}]
+    ws = ws or WINDOWS[key]
+    missing = [f"{window_name(w)}: not in these numbers" for w in ws if w not in {r[0] for r in results}]
     if not labels:
-        return "no reading", f"{key} over {' or over '.join(map(window_name, WINDOWS[key]))}: not in these numbers"
+        return "no reading", f"{key} over {' or over '.join(map(window_name, ws))}: not in these numbers"
     label = results[0][1] if len(labels) == 1 else "inconclusive (window-dependent)"
     return label, "; ".join([f"{window_name(w)}: {t}" for w, _, t in results] + missing)
 
@@ -162,7 +167,8 @@ MIN_CLIPS_PER_STEP = 0.25
 NO_CONTROL = "cannot tell 'Band does not help' from 'the clip does not drive the entropy here'"
 TESTABLE = ("supports", "supports the direction, not the size", "does not reproduce")   # (2b) keeps its own label
 RANDOM_NA = ("(1), (2a), (2b) and the held-out-accuracy guard do not apply: the training rewards are coins "
-             "independent of the text (--reward {}), so nothing is learned from them; (R) reads the entropy")
+             "independent of the text (--reward {}), so nothing is learned from them; (R) reads the entropy over "
+             "the last 60 steps and over the last half (RANDOM_WINDOWS)")
 
 
 def is_random(reward):
@@ -320,7 +326,7 @@ def random_control(table):
 
     1. Manipulation check (clip_acted); "not testable in this regime" where the clip barely acted; "no no-clip
        arm" without one.
-    2. Does the clip by itself move the entropy? GRPO minus no-clip final entropy, paired by seed, at each window:
+    2. Does the clip by itself move the entropy? GRPO minus no-clip entropy, paired by seed, at RANDOM_WINDOWS:
        "the clip lowers the entropy" / "raises" (the 95% t interval excludes 0), "no effect within the margin" (the
        interval inside ±EQUIV of GRPO's final entropy), "inconclusive (underpowered)", "inconclusive (n = 1)".
     3. Only where the clip lowers or raises it: for every other arm, drift_fraction's f and its interval, read by
@@ -335,7 +341,7 @@ def random_control(table):
     head = "(R) Does the clip by itself move the entropy (GRPO minus no-clip final entropy, paired by seed)?"
     if not noclip:
         return "no no-clip arm", out + [f"{head} **no no-clip arm**: under coin rewards every arm is read against it"]
-    ws = windows(table, "entropy")
+    ws = windows(table, "entropy", RANDOM_WINDOWS)
 
     def moved(w):
         key = f"entropy@{w}"
@@ -345,7 +351,7 @@ def random_control(table):
                  }.get(weigh(d, margin), f"inconclusive (n = {d.n})")
         return w, label, f"{ci(d)}, margin ±{margin:.3f}"
 
-    reading, text = across([moved(w) for w in ws], "entropy")
+    reading, text = across([moved(w) for w in ws], "entropy", RANDOM_WINDOWS)
     if acted is False:
         reading, text = "not testable in this regime", f"the clip barely acted; {text}"
     out.append(f"{head} **{reading}** ({text})")
@@ -359,7 +365,7 @@ def random_control(table):
             f, lo, hi, n = drift_fraction(runs, clip, noclip, f"entropy@{w}")
             per_w.append((w, fraction_label(f, lo, hi, n), f"f = {f:.2f}, 95% paired-bootstrap interval "
                           f"[{lo:.2f}, {hi:.2f}] ({BOOTSTRAP} resamples of {n} seeds)"))
-        label, text = across(per_w, "entropy")
+        label, text = across(per_w, "entropy", RANDOM_WINDOWS)
         out.append(f"(R) {arm_name(config)}: the fraction of the clip's drift it removes, f = (arm - GRPO) / "
                    f"(no-clip - GRPO), a ratio of paired means: **{label}** ({text})")
     return reading, out

@@ -26,10 +26,12 @@ CLIP = [0.10, 0.12, 0.14]   # GRPO's final entropy in seeds 0, 1, 2: mean 0.12, 
 def arm(entropy, start=(0.30, 0.30, 0.30), final=(0.40, 0.40, 0.40), clips=(300, 300, 300), steps=100,
         entropy10=None, rate=(0.02, 0.02, 0.02), reward=None):
     """One method's per-seed summaries, as compare.py and horizon.py build them; the last-10-step entropy is
-    the last-5-step one unless given, the upper-clip rate the same over all steps and over their last half."""
+    the last-5-step one unless given (the random regime's last 60 steps and last half: the same two values), the
+    upper-clip rate the same over all steps and over their last half."""
     rows = []
     for i, (e, e10, s, f, c, r) in enumerate(zip(entropy, entropy10 or entropy, start, final, clips, rate)):
-        rows.append({"seed": str(i), "entropy": e, "entropy@5": e, "entropy@10": e10, "mean@n_start": s,
+        rows.append({"seed": str(i), "entropy": e, "entropy@5": e, "entropy@10": e10, "entropy@60": e,
+                     "entropy@half": e10, "mean@n_start": s,
                      "mean@n": f, "clip/n_low_p_upper": c, "steps": steps, "clip/low_p_upper_rate": r,
                      "clip/low_p_upper_rate@all": r, "clip/low_p_upper_rate@half": r})
         if reward:
@@ -314,7 +316,7 @@ def test_random_regime_asks_whether_the_clip_moves_the_entropy(offsets, reading)
     assert len(fraction) == int(moved) and lines[-1].startswith("(3)")
     if moved:
         # f = 0.5 in every seed, so in every resample: the interval is [0.50, 0.50]
-        assert ("**removes part of it** (last 5 steps: f = 0.50, 95% paired-bootstrap interval "
+        assert ("**removes part of it** (last 60 steps: f = 0.50, 95% paired-bootstrap interval "
                 "[0.50, 0.50]") in fraction[0]
     if reading == "the clip lowers the entropy":
         assert "-0.050 ± 0.025 (95% t interval, n = 3), margin ±0.012" in lines[2]
@@ -323,11 +325,11 @@ def test_random_regime_asks_whether_the_clip_moves_the_entropy(offsets, reading)
 def test_random_regime_one_seed_window_dependence_and_a_weak_clip():
     t = coins([0.05, 0.06, 0.04])
     t[("noclip", 0.05)] = t[("noclip", 0.05)][:1]   # no-clip finished seed 0 only
-    assert "**inconclusive (n = 1)** (last 5 steps: -0.050 (n = 1: no interval)" in verdicts.random_control(t)[1][2]
-    # last 5 steps: lowers; last 10 steps: GRPO and no-clip equal -> no effect: window-dependent, and no f
+    assert "**inconclusive (n = 1)** (last 60 steps: -0.050 (n = 1: no interval)" in verdicts.random_control(t)[1][2]
+    # last 60 steps: lowers; last half: GRPO and no-clip equal -> no effect: window-dependent, and no f
     t = coins([0.05, 0.06, 0.04], band_fraction=0.5)
     for x, c in zip(t[("noclip", 0.05)], CLIP):
-        x["entropy@10"] = c
+        x["entropy@half"] = c
     reading, lines = verdicts.random_control(t)
     assert reading == "inconclusive (window-dependent)" and not any(x.startswith("(R) bandkl") for x in lines)
     t = coins([0.05, 0.06, 0.04], band_fraction=0.5)
@@ -451,8 +453,8 @@ def test_compare_cli_random_regime_and_mixed_rewards(tmp_path):
     assert out.returncode == 0, out.stderr
     md = (tmp_path / "res" / "compare.md").read_text()
     assert "Training rewards: coins (--reward random)." in md and "(1) BandPO beats" not in md
-    assert "**the clip lowers the entropy** (last 5 steps: -0.050 ± 0.000 (95% t interval, n = 2)" in md
-    assert "**removes part of it** (last 5 steps: f = 0.80, 95% paired-bootstrap interval [0.80, 0.80]" in md
+    assert "**the clip lowers the entropy** (last 60 steps: -0.050 ± 0.000 (95% t interval, n = 2)" in md
+    assert "**removes part of it** (last 60 steps: f = 0.80, 95% paired-bootstrap interval [0.80, 0.80]" in md
     _write_arm(tmp_path, "clip", 2, 0.1, 2, reward="math-verify")
     _write_arm(tmp_path, "noclip", 2, 0.1, 0, reward="random")
     _write_arm(tmp_path, "bandkl", 2, 0.1, 0, reward="random")
