@@ -175,6 +175,7 @@ def summarize_run(rows, eval_key, last=5):
             "entropy": avg("entropy"), "clip/frac": avg("clip/frac"),
             "clip/frac_upper": avg("clip/frac_upper"), "clip/low_p_upper_rate": avg("clip/low_p_upper_rate"),
             "reward/mean": avg("reward/mean"), "mean@n_start": evals[0][eval_key] if evals else math.nan,
+            "entropy_start": steps[0]["entropy"] if steps else math.nan,
             **{f"{k}@{w}": at_window([r[k] for r in steps], w) for k, ws in SUMMARY_WINDOWS.items() for w in ws}}
 
 

@@ -1,21 +1,18 @@
 """How a comparison's numbers become a verdict: the statistics and rules of compare.py and horizon.py.
 
-The paper (docs/paper.md §5) claims (1) BandPO beats GRPO and clip-higher by >= 2 points of mean@32,
-(2) it keeps the policy entropy ~10x higher, (3) it clips far fewer p < 0.2 tokens upward. The rules
-here read each claim from per-seed summaries (the rows of compare.json / horizon.json):
+The paper's claims (docs/paper.md §5: (1) >= 2 points of mean@32, (2) ~10x the entropy, (3) far fewer
+p < 0.2 tokens clipped upward), read from per-seed summaries (the rows of compare.json / horizon.json):
 - a difference is paired by seed and read through its 95% t interval, mean ± t(0.975, n - 1) x s.e.
   (`t975`, `paired`); a rule that weighs one needs n >= 2 paired seeds, else "inconclusive (n = 1)";
 - "no difference" needs that interval inside ±EQUIV (10%) of GRPO's final entropy (`weigh`), else
   "underpowered"; "the clip does not hold the entropy down" needs no-clip minus GRPO's interval to
   end below +EQUIV (`control_side`);
 - "supports" / "reproduced" need the claim's size (SUPPORT_RATIO, 2 points, half the clips);
-- a step metric is read at two WINDOWS: the entropy at the last 5 and 10 steps, the upper-clip rate
-  over all steps and their last half; where they disagree, "inconclusive (window-dependent)";
-- claim (2) is read against a no-clip arm after a check that the clip acted (`clip_acted`, on
-  compare.clip_counts' counts; `entropy_control`); under `--reward random` (coins) `random_control`
-  reads the clip's own drift, each other arm's share of it through a 95% paired-bootstrap interval.
-No command of its own: compare.py and horizon.py call `verdicts`; tests/test_compare.py states each
-rule on hand-built runs.
+- a step metric is read at two WINDOWS (RANDOM_WINDOWS under coins); where they disagree,
+  "inconclusive (window-dependent)";
+- claim (2) is read against a no-clip arm once the clip acted (`clip_acted`, `entropy_control`);
+  under `--reward random` `random_control` reads the clip's own drift and each arm's share of it.
+Called by compare.py and horizon.py; tests/test_compare.py states each rule on hand-built runs.
 """
 
 import collections
@@ -27,9 +24,7 @@ DEFAULT_REWARD = "math-verify"   # train.py's --reward, for runs whose config.js
 # --- statistics: paired by seed, 95% t intervals, an equivalence margin, two windows -------------------------------
 # the two windows of each step metric a verdict reads: n = the last n steps, "all" steps, their last "half"
 WINDOWS = {"entropy": (5, 10), "clip/low_p_upper_rate": ("all", "half")}
-# under coin rewards the entropy's drift builds up over the run while the no-clip arm wanders step to step: the
-# random regime reads the entropy over the last 60 steps and over the last half (SUMMARY_WINDOWS: every summary's)
-RANDOM_WINDOWS = (60, "half")
+RANDOM_WINDOWS = (60, "half")   # under coins a drift builds up over the run; the no-clip arm wanders step to step
 SUMMARY_WINDOWS = {**WINDOWS, "entropy": WINDOWS["entropy"] + RANDOM_WINDOWS}
 EQUIV = 0.10          # "no difference": the 95% t interval inside ±10% of GRPO's final entropy
 SUPPORT_RATIO = math.sqrt(10)   # Band-KL / GRPO entropy for "supports": the geometric midpoint of 1x and 10x
@@ -127,10 +122,9 @@ def across(results, key, ws=None):
 
 
 def drift_fraction(arm, clip, noclip, key, resamples=BOOTSTRAP):
-    """(f, lo, hi, n): the fraction of the clip's drift that `arm` removes, f = mean(arm - clip) /
-    mean(noclip - clip) over the n seeds all three share (a ratio of paired means: 0 = as GRPO, 1 = as no-clip),
-    and its 95% paired-bootstrap percentile interval: `resamples` draws of n seeds with replacement
-    (random.Random(0)), f of each draw. With n seeds there are only C(2n - 1, n) distinct draws (10 at n = 3)."""
+    """(f, lo, hi, n): f = mean(arm - clip) / mean(noclip - clip) over the n seeds all three share (0 = as GRPO,
+    1 = as no-clip) and its 95% paired-bootstrap percentile interval (`resamples` draws of n seeds with
+    replacement, random.Random(0); only C(2n - 1, n) distinct draws: 10 at n = 3)."""
     a, c, o = (_by_seed(rows, key) for rows in (arm, clip, noclip))
     seeds = [s for s in c if s in a and s in o]
     num, den = [a[s] - c[s] for s in seeds], [o[s] - c[s] for s in seeds]
@@ -158,11 +152,8 @@ def fraction_label(f, lo, hi, n):
 
 # --- verdicts ---------------------------------------------------------------------------------------------------
 ONE_SEED = "one seed per method: no verdicts (the rules weigh each difference against its spread over seeds)"
-# The clip "acted" when GRPO cut at least one p < 0.2 token upward per four steps, on average. A floor, not a test
-# of whether that matters (the no-clip arm tests that): below it nearly every step leaves the rare tokens alone, and
-# a clip / no-clip difference can come from the runs drifting apart after one early clip. For scale: the toy
-# long-horizon regime (lr 1e-4, 16 optimizer steps per rollout) clips ~0.8 such tokens per step; the SmolLM2 runs of
-# docs/results.md 0.05-0.13.
+# The clip "acted" when GRPO cut at least one p < 0.2 token upward per four steps on average: a floor (below it a
+# clip / no-clip difference can come from runs drifting apart after one early clip), not a test of whether it matters
 MIN_CLIPS_PER_STEP = 0.25
 NO_CONTROL = "cannot tell 'Band does not help' from 'the clip does not drive the entropy here'"
 TESTABLE = ("supports", "supports the direction, not the size", "does not reproduce")   # (2b) keeps its own label
@@ -269,20 +260,14 @@ def control_side(dn, margin):
 
 
 def entropy_control(table):
-    """Claim (2), the entropy, read against the no-clip control arm: returns (reading, [lines]). Every difference
-    is paired by seed and read through its 95% t interval against ±EQUIV of GRPO's final entropy (`weigh`).
-
-    1. Manipulation check (clip_acted): GRPO clipped fewer than MIN_CLIPS_PER_STEP p < 0.2 tokens upward per step
-       -> "not testable in this regime" (the clip barely acted). No no-clip arm -> "no no-clip arm".
-    2. At each window (control_side): fewer than two seeds paired with no-clip -> "inconclusive (n = 1)"; no-clip's
-       interval ends at or below +margin (no-clip within ±margin of GRPO, or below it) -> "not testable in this
-       regime"; the interval reaches past +margin and below 0 -> "inconclusive (underpowered)".
-    3. No-clip above GRPO: an arm credited with more entropy whose held-out accuracy ends below its step-0 accuracy
-       is "degenerate". Band-KL above GRPO and within the margin of no-clip -> "supports" where Band-KL / GRPO >=
-       SUPPORT_RATIO, else "supports the direction, not the size"; Band-KL below no-clip and not above GRPO ->
-       "does not reproduce"; anything else "inconclusive", naming why.
-    4. The windows disagree -> "inconclusive (window-dependent)".
-    """
+    """Claim (2), the entropy, read against the no-clip control arm: returns (reading, [lines]), each difference
+    paired by seed through its 95% t interval against ±EQUIV of GRPO's final entropy. The clip barely acted
+    (clip_acted) -> "not testable in this regime"; no no-clip arm -> "no no-clip arm"; at each window
+    (control_side, _entropy_reading): n = 1 -> "inconclusive (n = 1)"; no-clip not above GRPO by more than the
+    margin -> "not testable in this regime"; no-clip above GRPO: Band-KL within the margin of no-clip ->
+    "supports" (Band-KL / GRPO >= SUPPORT_RATIO, else "the direction, not the size"), Band-KL below no-clip and
+    not above GRPO -> "does not reproduce", an arm with more entropy and accuracy below its start "degenerate",
+    anything else "inconclusive" naming why; windows that disagree -> "inconclusive (window-dependent)"."""
     clip, noclip, band = _arm(table, "clip"), _arm(table, "noclip"), table.get(("bandkl", 0.05))
     if not clip or not band:
         return None, []
@@ -329,7 +314,8 @@ def random_control(table):
     2. Does the clip by itself move the entropy? GRPO minus no-clip entropy, paired by seed, at RANDOM_WINDOWS:
        "the clip lowers the entropy" / "raises" (the 95% t interval excludes 0), "no effect within the margin" (the
        interval inside ±EQUIV of GRPO's final entropy), "inconclusive (underpowered)", "inconclusive (n = 1)".
-    3. Only where the clip lowers or raises it: for every other arm, drift_fraction's f and its interval, read by
+    3. Every other arm against GRPO directly, and each arm's change from its start (_against_clip_and_start).
+    4. Only where the clip lowers or raises it: for every other arm, drift_fraction's f and its interval, read by
        fraction_label at each window.
     """
     clip, noclip = _arm(table, "clip"), _arm(table, "noclip")
@@ -343,18 +329,13 @@ def random_control(table):
         return "no no-clip arm", out + [f"{head} **no no-clip arm**: under coin rewards every arm is read against it"]
     ws = windows(table, "entropy", RANDOM_WINDOWS)
 
-    def moved(w):
-        key = f"entropy@{w}"
-        d, margin = paired(clip, noclip, key), EQUIV * mean_std([x[key] for x in clip])[0]
-        label = {"above": "the clip raises the entropy", "below": "the clip lowers the entropy",
-                 "equivalent": "no effect within the margin", "underpowered": "inconclusive (underpowered)"
-                 }.get(weigh(d, margin), f"inconclusive (n = {d.n})")
-        return w, label, f"{ci(d)}, margin ±{margin:.3f}"
-
-    reading, text = across([moved(w) for w in ws], "entropy", RANDOM_WINDOWS)
+    moved = {"above": "the clip raises the entropy", "below": "the clip lowers the entropy",
+             "equivalent": "no effect within the margin", "underpowered": "inconclusive (underpowered)"}
+    reading, text = across([_side(clip, noclip, clip, w, moved) for w in ws], "entropy", RANDOM_WINDOWS)
     if acted is False:
         reading, text = "not testable in this regime", f"the clip barely acted; {text}"
     out.append(f"{head} **{reading}** ({text})")
+    out += _against_clip_and_start(table, clip, ws)
     if reading not in ("the clip lowers the entropy", "the clip raises the entropy"):
         return reading, out
     for config, runs in table.items():
@@ -369,6 +350,30 @@ def random_control(table):
         out.append(f"(R) {arm_name(config)}: the fraction of the clip's drift it removes, f = (arm - GRPO) / "
                    f"(no-clip - GRPO), a ratio of paired means: **{label}** ({text})")
     return reading, out
+
+
+SIDES_GRPO = {"above": "above GRPO", "below": "below GRPO", "equivalent": "within the margin of GRPO",
+              "underpowered": "inconclusive (underpowered)"}
+
+
+def _side(a, b, clip, w, labels):
+    """(w, label, text): a minus b entropy at window w, paired, weighed against ±EQUIV of GRPO's (`labels`)."""
+    d, margin = paired(a, b, f"entropy@{w}"), EQUIV * mean_std([x[f"entropy@{w}"] for x in clip])[0]
+    return w, labels.get(weigh(d, margin), f"inconclusive (n = {d.n})"), f"{ci(d)}, margin ±{margin:.3f}"
+
+
+def _against_clip_and_start(table, clip, ws):
+    """Under coins, without the no-clip arm's wander: each arm minus GRPO (paired, against the margin), and each
+    arm's change from its start entropy (step 1, shared by the seed's runs), where the summaries hold it."""
+    out = []
+    for config, runs in ((c, r) for c, r in table.items() if c[0] not in ("clip", "noclip")):
+        label, text = across([_side(runs, clip, clip, w, SIDES_GRPO) for w in ws], "entropy", RANDOM_WINDOWS)
+        out.append(f"(R) Against GRPO: {arm_name(config)} minus GRPO entropy, paired: **{label}** ({text})")
+    if all("entropy_start" in x for runs in table.values() for x in runs) and ws:
+        out.append(f"(R) Change from the start entropy (step 1) to the {window_name(ws[0])}, per arm: " + "; ".join(
+            f"{arm_name(c)} {ci(t_interval([x[f'entropy@{ws[0]}'] - x['entropy_start'] for x in r]))}"
+            for c, r in table.items()))
+    return out
 
 
 def claim3(table):

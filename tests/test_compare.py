@@ -338,6 +338,24 @@ def test_random_regime_one_seed_window_dependence_and_a_weak_clip():
     assert verdicts.random_control(t)[0] == "not testable in this regime"
 
 
+def test_random_regime_reads_each_arm_against_grpo_and_its_start():
+    # Band-KL halfway to no-clip: minus GRPO 0.025, 0.03, 0.02 -> mean 0.025, sd 0.005, half 4.303 x 0.005 /
+    # sqrt(3) = 0.0124: the interval [0.013, 0.037] excludes 0 and reaches past the margin 0.012: above GRPO.
+    # Start entropy 0.1 in every run: GRPO's change 0, 0.02, 0.04 -> +0.020, sd 0.02, half 4.303 x 0.02 / sqrt(3)
+    t = coins([0.05, 0.06, 0.04], band_fraction=0.5)
+    lines = verdicts.random_control(t)[1]
+    against = [x for x in lines if x.startswith("(R) Against GRPO")]
+    assert against == ["(R) Against GRPO: bandkl δ=0.05 minus GRPO entropy, paired: **above GRPO** (last 60 steps: "
+                       "+0.025 ± 0.012 (95% t interval, n = 3), margin ±0.012; the last half of the steps: +0.025 ± "
+                       "0.012 (95% t interval, n = 3), margin ±0.012)"]
+    assert not any(x.startswith("(R) Change from the start") for x in lines)   # no start entropy in these rows
+    for rows in t.values():
+        for x in rows:
+            x["entropy_start"] = 0.1
+    change = [x for x in verdicts.random_control(t)[1] if x.startswith("(R) Change from the start")]
+    assert change and "clip +0.020 ± 0.050 (95% t interval, n = 3)" in change[0]
+
+
 def test_drift_fraction_interval_by_hand():
     # two seeds: no-clip minus GRPO 0.1 in both; Band-KL minus GRPO 0.02 and 0.08: f 0.2 and 0.8 per seed, 0.5
     # pooled. A resample is {0, 0} (f 0.2, probability 1/4), {0, 1} (0.5, 1/2) or {1, 1} (0.8, 1/4): each end
