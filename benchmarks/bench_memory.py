@@ -59,12 +59,13 @@ def main():
         rows.append((phase, rss_gb(), peak_gb(), expected))
         print(f"{phase:<34}{rows[-1][1]:>8.2f}{rows[-1][2]:>8.2f}   {expected}", flush=True)
 
+    device = train.init_distributed()
+    cfg, _, _ = train.decide_grad_checkpointing(cfg, device)  # as train.py decides it, once the device is set
     print(f"{cfg.model}: {cfg.train_dtype} trainer, {cfg.rollout_dtype} engine ({cfg.rollout}), grad checkpointing "
           f"{cfg.grad_checkpointing}; {cfg.prompts_per_step} prompts x {cfg.group_size}, {cfg.max_new_tokens} new "
           f"tokens, micro-batch {cfg.micro_batch_size}")
     print(f"{'phase':<34}{'RSS GB':>8}{'peak GB':>8}   by arithmetic")
-    row("python + torch + transformers")
-    device = train.init_distributed()
+    row("python + torch + transformers")  # and the process group (a few MB)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     model = train.build_model(cfg, device)
     n = sum(p.numel() for p in model.parameters())

@@ -32,14 +32,19 @@ def test_free_memory_without_proc_meminfo(monkeypatch):
     assert 0 < free <= PHYSICAL and source.startswith(("os.sysconf", "half the physical"))
 
 
-def test_free_memory_is_per_local_rank(monkeypatch):
-    """On a CPU the local ranks share the RAM: each gets 1/LOCAL_WORLD_SIZE of it (integer division)."""
+def test_free_memory_reads_memavailable_per_local_rank(monkeypatch, tmp_path):
+    """A meminfo file written here: MemAvailable (not MemFree) in KiB, split over the local ranks, who share
+    the RAM, by integer division: 1000003 KiB = 1024003072 B, / 4 = 256000768 B."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:        2000000 kB\nMemFree:          500000 kB\n"
+                       "MemAvailable:    1000003 kB\n")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    one, _ = policy.free_memory("cpu", meminfo="/nonexistent/meminfo")
+    assert policy.free_memory("cpu", meminfo=str(meminfo)) == (1024003072, str(meminfo))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    four, _ = policy.free_memory("cpu", meminfo="/nonexistent/meminfo")
-    # free memory moves between two reads: compare at a tolerance of 5% of the machine's memory
-    assert abs(4 * four - one) < 0.05 * PHYSICAL
+    assert policy.free_memory("cpu", meminfo=str(meminfo)) == (256000768, str(meminfo))
+    # a meminfo without MemAvailable (an old kernel) falls through to the portable sources
+    meminfo.write_text("MemTotal:        2000000 kB\n")
+    assert policy.free_memory("cpu", meminfo=str(meminfo))[1] != str(meminfo)
 
 
 def test_a_row_longer_than_the_budget_is_its_own_micro_batch():
