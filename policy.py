@@ -237,12 +237,19 @@ def _forward(model, mb, cfg, with_entropy=False):
 
 
 @torch.no_grad()
-def batch_logprobs(model, cfg, batch, with_entropy=False):
+def batch_logprobs(model, cfg, batch, with_entropy=False, skip_first=False):
     """π_old (or π_ref) of all this rank's rows, without gradient, through the update's own
-    micro-batches. -> (logp (B, T), entropy (B, T) or None), in the batch's row order."""
+    micro-batches. skip_first: leave the first mini-batch's rows at NaN for update_policy to fill
+    from its own forward (the first mini-batch runs before any optimizer step, so that forward *is*
+    π_old: one forward saved per rollout). -> (logp (B, T), entropy (B, T) or None), in the batch's
+    row order."""
     logp = torch.zeros_like(batch.mask)                              # (B, T)
     entropy = torch.zeros_like(batch.mask) if with_entropy else None
-    for _, mbs in plan_micro_batches(len(batch), cfg, batch.spans, batch.input_ids.device):
+    plan = plan_micro_batches(len(batch), cfg, batch.spans, batch.input_ids.device)
+    if skip_first:
+        logp[plan[0][0]] = float("nan")
+        plan = plan[1:]
+    for _, mbs in plan:
         for mb in mbs:
             lp, ent = _forward(model, batch[mb], cfg, with_entropy)   # (b, T)
             logp[mb] = lp
@@ -301,7 +308,8 @@ def micro_batch_loss(model, mb, cfg, advantages, old_logp, ref_logp, norm, with_
     return loss, {**sums, **is_sums}, logp, entropy
 
 
-def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=None):
+def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=None,
+                  old_entropy=None):
     """The optimizer steps of one rollout: this rank's rows in mini-batches, each in micro-batches.
 
     Mini-batch m is rows [m·B/M, (m+1)·B/M) of every rank. Each micro-batch's loss is divided by the
@@ -312,6 +320,10 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
     old_logp: π_old of every row (B, T), the trainer's recomputation or the engine's log-probs
     (--old-logp engine); None when on_policy(cfg) with --old-logp trainer. Without a separate
     trainer pass (None, or the engine's) the diagnostics come from this forward (`_probe_sums`).
+    old_entropy: given where the trainer's pass left the first mini-batch out
+    (batch_logprobs(skip_first=True)): that mini-batch's own forward is π_old (no optimizer step
+    has run yet), so its log-probs and entropy are written into old_logp and old_entropy here, the
+    same values the pass would have computed with the same kernels and shapes.
     The first mini-batch runs before any optimizer step, so its ratio must be exactly 1: Σ|r − 1|
     over its tokens is logged (ratio/first_abs_dev), 0 only if both passes ran the same kernels.
     Host syncs: one per mini-batch (the skip decision), one more with --micro-batch-tokens (the
@@ -330,6 +342,10 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
 
     # no trainer pass before: the diagnostics come from here
     measured_here = old_logp is None or cfg.old_logp == "engine"
+    fill_first = old_entropy is not None
+    if fill_first and (old_logp is None or cfg.old_logp == "engine"):
+        raise ValueError("old_entropy is filled with the trainer's π_old: it needs the trainer's "
+                         "old_logp (--old-logp trainer, off-policy)")
     for m, (rows, mbs) in enumerate(plan_micro_batches(len(batch), cfg, batch.spans, device)):
         n_tokens = batch.mask[rows].sum()  # (), summed over ranks below: the global normaliser Z
         dist.all_reduce(n_tokens)
@@ -339,10 +355,15 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
         total = torch.zeros((), dtype=torch.float64, device=device)
         for rows_mb in mbs:
             mb = batch[rows_mb]
-            old = None if old_logp is None else old_logp[rows_mb]
+            fill = fill_first and m == 0  # π_old is this forward, detached
+            old = None if old_logp is None or fill else old_logp[rows_mb]
             ref = None if ref_logp is None else ref_logp[rows_mb]
             loss, mets, logp, entropy = micro_batch_loss(model, mb, cfg, advantages[rows_mb], old,
-                                                         ref, norm, with_entropy=measured_here)
+                                                         ref, norm,
+                                                         with_entropy=measured_here or fill)
+            if fill:
+                old_logp[rows_mb] = logp.detach()
+                old_entropy[rows_mb] = entropy.detach()
             (loss * world).backward()
             total += loss.detach()
             mets["sum_loss"] = loss.detach().double()  # over micro-batches and ranks: the loss

@@ -214,6 +214,10 @@ class VLLMEngine:
                 completions.append(Completion(j, ids, o.text, o.finish_reason, lps))
         return completions
 
+    def reset_prefix_cache(self):
+        """Forget cached prompt KV: after a weight sync, or to leave no trace of a probe's prompts."""
+        self.llm.reset_prefix_cache()
+
     def sleep(self, level=2):
         """Free the GPU for the update. Level 2 drops weights and KV cache (level 1 would first copy
         the weights to host memory, for nothing: sync_weights overwrites them). On CPU the call
@@ -332,6 +336,9 @@ class HFEngine:
     def sleep(self, level=2):  # a plain module, shared or owned: nothing to hand back
         pass
 
+    def reset_prefix_cache(self):  # no cache kept between generate calls
+        pass
+
     def wake_up(self, tags=None):
         pass
 
@@ -426,7 +433,7 @@ def sync_weights(engine, model):
     engine.llm.collective_rpc("reload_weights",
                               kwargs={"weights_iterator": _full_parameters(model, engine.dtype),
                                       "is_checkpoint_format": True})
-    engine.llm.reset_prefix_cache()
+    engine.reset_prefix_cache()
 
 
 def main():

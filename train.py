@@ -7,7 +7,9 @@ to bottom in `main`: prompts -> rollout of G completions each (vLLM or HF) -> re
 -> old and reference log-probs -> mini-batch updates (policy.update_policy) -> weight sync into the
 engine -> metrics -> eval -> checkpoint. Log-probs are those of the distribution the engine sampled
 from, softmax(logits / temperature) (so --top-p must be 1); with one mini-batch per rollout the
-update is on-policy (policy.on_policy) and the old-log-prob pass is skipped, as in TRL and verl.
+update is on-policy (policy.on_policy) and the old-log-prob pass is skipped, as in TRL and verl;
+with several, the pass skips the first mini-batch, whose update forward (before any optimizer step)
+is π_old itself.
 
     torchrun --nproc_per_node 2 train.py --method bandkl --delta 0.05  # the tiny model, minutes
     torchrun --nproc_per_node 2 train.py --method clip --out-dir runs/grpo
@@ -48,7 +50,7 @@ from checkpoint import (export_hf, latest_checkpoint, load_checkpoint, prune_che
                         save_checkpoint)
 from config import (Config, decide_grad_checkpointing, method_defaults,  # noqa: F401 (re-exported)
                     micro_batch_tokens, parse_config, resolve_config, update_memory_gb)
-from logprobs import pack
+from logprobs import pack, sequence_logprobs
 from policy import (batch_logprobs, build_model, check_batch_shape,  # noqa: F401 (re-exported)
                     make_optimizer, old_policy_sums, on_policy, update_policy)
 
@@ -163,6 +165,28 @@ def train_rewards(completions, prompts, cfg, step):
     return torch.tensor(scores, dtype=torch.float32)
 
 
+def engine_trainer_gap(engine, model, records, cfg, device):
+    """Mean |engine log-prob − trainer log-prob| (nats per sampled token) of the dtypes chosen, on 2
+    training prompts x 2 samples per rank before any update, for the start-up line: what
+    rollout/logprob_diff will read (docs/design.md, the engine is not the trainer). The samples
+    fork the RNGs and the engine's prefix cache is emptied after, so the run is unchanged."""
+    prompt_ids = [records[(2 * RANK + i) % len(records)]["prompt_ids"] for i in range(2)]
+    sampling = rollout.Sampling(temperature=cfg.temperature, max_new_tokens=min(8, cfg.max_new_tokens),
+                                seed=EVAL_SEED_OFFSET - 1 - RANK, logprobs=True)
+    completions = engine.generate(prompt_ids, 2, sampling)
+    engine.reset_prefix_cache()
+    if any(c.logprobs is None for c in completions):
+        return float("nan")
+    batch = pack(prompt_ids, completions, device)
+    with torch.no_grad():  # one forward of the 4 rows on every rank: FSDP's collectives match
+        trainer_logp, _ = sequence_logprobs(model, batch.input_ids, batch.attn, batch.n_prompt,
+                                            len(batch), cfg.temperature)
+    sums = torch.stack([((trainer_logp - batch.engine_logp).abs() * batch.mask).sum(),
+                        batch.mask.sum()]).double()
+    dist.all_reduce(sums)
+    return (sums[0] / sums[1]).item()
+
+
 # --- the run: its directory, metrics file and console --------------------------------------------
 def load_run_config(argv):
     """The Config that will run: the flags, or a resumed run's saved settings (its own, except the
@@ -236,6 +260,13 @@ def main(argv=None):
         eval_names = data.split_names(cfg.eval_data) or data.split_names(cfg.data)
         eval_sets = {n: data.load(n, split="test", n=cfg.eval_prompts or None, seed=0)
                      for n in eval_names}
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        prompt_ids, kept, dropped = data.tokenize_prompts(train_records, tokenizer,
+                                                          cfg.max_prompt_len)
+        if not prompt_ids:
+            raise ValueError(f"every training prompt is longer than --max-prompt-len "
+                             f"{cfg.max_prompt_len} tokens")
+        train_records = [dict(r, prompt_ids=ids) for r, ids in zip(kept, prompt_ids)]
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -248,13 +279,12 @@ def main(argv=None):
     if not cfg.verbose:
         transformers.utils.logging.set_verbosity_error()
     device = init_distributed()
-    try:  # on the device this rank uses, the same on every rank
-        cfg, free, free_source = decide_grad_checkpointing(cfg, device)
+    try:  # on the device this rank uses and the prompts' real lengths, the same on every rank
+        cfg, free, free_source = decide_grad_checkpointing(cfg, device, [len(x) for x in prompt_ids])
     except ValueError as e:
         print0(f"train.py: error: {e}")
         dist.destroy_process_group()
         sys.exit(2)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     model = build_model(cfg, device)
     ref_model = build_model(cfg, device, trainable=False) if cfg.kl_coef > 0 else None
     optimizer = make_optimizer(model, cfg)
@@ -272,18 +302,18 @@ def main(argv=None):
         start_step = load_checkpoint(ckpt, model, optimizer)
         print0(f"resumed from {ckpt} at step {start_step}")
     rollout.sync_weights(engine, model)  # after a resume: the engine starts from the checkpoint
+    gap = engine_trainer_gap(engine, model, train_records, cfg, device)
 
-    prompt_ids, kept, dropped = data.tokenize_prompts(train_records, tokenizer, cfg.max_prompt_len)
-    train_records = [dict(r, prompt_ids=ids) for r, ids in zip(kept, prompt_ids)]
     print0(f"train prompts: {len(train_records)} ({dropped} dropped as longer than "
            f"{cfg.max_prompt_len} tokens)")
     log, wandb_run = open_run(cfg, start_step)
     print0(f"run dir {cfg.out_dir} | {WORLD} rank(s) on {device.type} | "
            f"engine {type(engine).__name__} | method {cfg.method} delta {cfg.delta} | "
-           f"{cfg.train_dtype} trainer, {cfg.rollout_dtype} engine | "
+           f"{cfg.train_dtype} trainer, {cfg.rollout_dtype} engine (gap {gap:.1e} nats/token) | "
            f"grad checkpointing {'on' if cfg.grad_checkpointing else 'off'} (update "
-           f"~{update_memory_gb(cfg):.1f} GB without, {free / 2**30:.0f} GB free on {device} "
-           f"per rank, least of {WORLD}, from {free_source}) | "
+           f"~{update_memory_gb(cfg, max(map(len, prompt_ids))):.1f} GB without, "
+           f"{free / 2**30:.0f} GB free on {device} per rank, least of {WORLD}, from "
+           f"{free_source}) | shared prompt {'on' if cfg.share_prompt else 'off'} | "
            f"peak RSS {peak_rss_gb():.1f} GB")
 
     if start_step == 0 and cfg.eval_every:
@@ -322,19 +352,21 @@ def main(argv=None):
 
         # --- old and reference log-probs (old: the engine's, or the trainer's when off-policy) ---
         batch = pack(prompt_ids, completions, device)
-        old_logp = ref_logp = None
+        old_logp = ref_logp = old_entropy = None
         if cfg.old_logp == "engine":  # the band is built around the engine's probability: no pass
             old_logp = batch.engine_logp
-        elif not on_policy(cfg):
-            old_logp, entropy = batch_logprobs(model, cfg, batch, with_entropy=True)
-            stats.update(old_policy_sums(old_logp, entropy, batch.engine_logp, batch.mask, cfg))
+        elif not on_policy(cfg):  # the first mini-batch's are its own update forward's (filled in)
+            old_logp, old_entropy = batch_logprobs(model, cfg, batch, with_entropy=True,
+                                                   skip_first=True)
         if ref_model is not None:
             ref_logp, _ = batch_logprobs(ref_model, cfg, batch)
         t_logp = time.time()
 
         # --- mini-batch updates ---
         update_sums, _, grad_norm = update_policy(model, optimizer, cfg, batch, advantages,
-                                                  old_logp, ref_logp)
+                                                  old_logp, ref_logp, old_entropy)
+        if old_entropy is not None:  # π_old complete now: its diagnostics
+            stats.update(old_policy_sums(old_logp, old_entropy, batch.engine_logp, batch.mask, cfg))
         t_update = time.time()
 
         # --- weight sync: weights first, the KV cache once the gathered tensors are freed ---

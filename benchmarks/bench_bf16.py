@@ -32,12 +32,13 @@ import band  # noqa: E402
 
 KEYS = ["ratio/first_abs_dev", "rollout/logprob_diff", "rollout/ratio_out_0.1_frac", "rollout/ratio_out_band_frac",
         "entropy", "time/step"]
+PHASES = ["time/rollout", "rollout tokens/s", "time/logprobs", "time/update"]
 
 
-def run(args, dtype):
+def run(args, dtype, engine_dtype=None):
     with tempfile.TemporaryDirectory() as d:
         cmd = [sys.executable, "train.py", "--max-steps", str(args.steps), "--eval-every", "0", "--save-every", "0",
-               "--no-export-hf", "--train-dtype", dtype, "--rollout-dtype", dtype, "--out-dir", os.path.join(d, "r"),
+               "--no-export-hf", "--train-dtype", dtype, "--rollout-dtype", engine_dtype or dtype, "--out-dir", os.path.join(d, "r"),
                "--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", "2", "--micro-batch-size", "8",
                "--max-new-tokens", str(args.max_new_tokens), "--max-prompt-len", "512", "--lr", str(args.lr)]
         cmd += ["--model", args.model] if args.model else []
@@ -49,8 +50,10 @@ def run(args, dtype):
         if r.returncode:
             sys.exit(f"{dtype} run failed:\n{r.stderr[-3000:]}")
         with open(os.path.join(d, "r", "metrics.jsonl")) as f:
-            steps = [json.loads(line) for line in f if '"reward/mean"' in line]
-    return {k: sum(m[k] for m in steps) / len(steps) for k in KEYS}
+            steps = [json.loads(line) for line in f if '"reward/mean"' in line][args.skip:]
+    for m in steps:  # sampled tokens over the rollout's seconds
+        m["rollout tokens/s"] = m["tokens_per_s"] * m["time/step"] / m["time/rollout"]
+    return {k: sum(m[k] for m in steps) / len(steps) for k in KEYS + PHASES}
 
 
 def main():
@@ -60,14 +63,26 @@ def main():
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--skip", type=int, default=0, help="first steps left out of the means (warm-up)")
+    p.add_argument("--combos", action="store_true", help="also the mixed runs (bf16 trainer + fp32 engine and the "
+                   "reverse), and each phase's time: what --train-dtype / --rollout-dtype auto choose from")
     args = p.parse_args()
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     print(f"{args.model or 'models/tiny-arith'}; {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"Python {platform.python_version()}; 4 prompts x 4, 2 mini-batches, mean over {args.steps} steps")
-    rows = {dtype: run(args, dtype) for dtype in ("float32", "bfloat16")}
+          f"Python {platform.python_version()}; 4 prompts x 4, 2 mini-batches, mean over steps {args.skip + 1}-"
+          f"{args.steps}")
+    combos = [("float32", "float32"), ("bfloat16", "bfloat16")]
+    combos += [("bfloat16", "float32"), ("float32", "bfloat16")] if args.combos else []
+    short = {"float32": "fp32", "bfloat16": "bf16"}
+    rows = {f"{short[t]} + {short[e]}": run(args, t, e) for t, e in combos}
     print(f"{'trainer + engine':<18}" + "".join(f"{k:>29}" for k in KEYS))
-    for dtype, r in rows.items():
-        print(f"{dtype:<18}" + "".join(f"{r[k]:>29.3g}" for k in KEYS))
+    for name, r in rows.items():
+        print(f"{name:<18}" + "".join(f"{r[k]:>29.3g}" for k in KEYS))
+    if args.combos:  # each phase depends on one of the two dtypes only
+        print(f"\n{'trainer + engine':<18}" + "".join(f"{k:>18}" for k in PHASES))
+        for name, r in rows.items():
+            print(f"{name:<18}" + "".join(f"{r[k]:>18.3g}" for k in PHASES))
+    rows = {"float32": rows["fp32 + fp32"], "bfloat16": rows["bf16 + bf16"]}
 
     e = rows["bfloat16"]["rollout/logprob_diff"]
     print(f"\nthe band near p = 1 (Band-KL, delta 0.05) against a log-prob error of e = {e:.3g} (bf16, measured):")

@@ -59,14 +59,18 @@ def main():
         rows.append((phase, rss_gb(), peak_gb(), expected))
         print(f"{phase:<34}{rows[-1][1]:>8.2f}{rows[-1][2]:>8.2f}   {expected}", flush=True)
 
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    records = data.load(cfg.data, split="train")
+    ids, records, _ = data.tokenize_prompts(records, tokenizer, cfg.max_prompt_len)
     device = train.init_distributed()
-    cfg, _, _ = train.decide_grad_checkpointing(cfg, device)  # as train.py decides it, once the device is set
+    # as train.py decides them, once the device is set, from the training prompts' lengths
+    cfg, _, _ = train.decide_grad_checkpointing(cfg, device, [len(x) for x in ids])
+    ids = ids[:cfg.prompts_per_step]
     print(f"{cfg.model}: {cfg.train_dtype} trainer, {cfg.rollout_dtype} engine ({cfg.rollout}), grad checkpointing "
-          f"{cfg.grad_checkpointing}; {cfg.prompts_per_step} prompts x {cfg.group_size}, {cfg.max_new_tokens} new "
+          f"{cfg.grad_checkpointing}, shared prompt {cfg.share_prompt}; {cfg.prompts_per_step} prompts x {cfg.group_size}, {cfg.max_new_tokens} new "
           f"tokens, micro-batch {cfg.micro_batch_size}")
     print(f"{'phase':<34}{'RSS GB':>8}{'peak GB':>8}   by arithmetic")
     row("python + torch + transformers")  # and the process group (a few MB)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     model = train.build_model(cfg, device)
     n = sum(p.numel() for p in model.parameters())
     gb = n * 4 / 2**30
@@ -78,8 +82,6 @@ def main():
     eb = 2 if cfg.rollout_dtype == "bfloat16" else 4
     row(f"+ {type(engine).__name__} ({cfg.rollout_dtype})",
         f"weights {n * eb / 2**30:.2f} GB + KV cache 0.25 GB" if isinstance(engine, rollout.VLLMEngine) else "a second model")
-    records = data.load(cfg.data, split="train", n=cfg.prompts_per_step)
-    ids, _, _ = data.tokenize_prompts(records, tokenizer, cfg.max_prompt_len)
     t = time.time()
     completions = engine.generate(ids, cfg.group_size, rollout.Sampling(max_new_tokens=cfg.max_new_tokens, seed=0,
                                                                         logprobs=True))

@@ -3,11 +3,13 @@
 Same model, same prompts in the same order (train.prompt_batch; TRL gets them with shuffle_dataset=False and the
 child checks that TRL's prompt token ids equal data.tokenize_prompts'), same G, response length, prompts and
 optimizer steps per generation (TRL's steps_per_generation / gradient_accumulation_steps = our --prompts-per-step /
---mini-batch-prompts), micro-batch, AdamW at a constant lr, float32, activation checkpointing off unless
---grad-checkpointing (passed to both; train.py's own default is on for real models), the same reward
-(reward.score_batch in a TRL reward function), the same engine kind: HF generate (ours --rollout hf, TRL
-use_vllm=False), and GRPO's objective: clip 0.2, dual clip c = 10 (TRL's delta), seq-mean-token-mean (TRL's
+--mini-batch-prompts), micro-batch, AdamW at a constant lr, the same reward (reward.score_batch in a TRL reward
+function) and GRPO's objective: clip 0.2, dual clip c = 10 (TRL's delta), seq-mean-token-mean (TRL's
 loss_type="grpo"), no KL and no reference model (TRL beta=0, our kl_coef 0). No evaluation, no checkpoints.
+TRL runs with HF generate (use_vllm=False, see below) in --trl-dtype (auto: bf16 where the CPU has it natively),
+activation checkpointing off (its fastest; --grad-checkpointing turns it on in both). Ours runs with train.py's
+defaults (vLLM where installed, `auto` dtypes, checkpointing and the shared-prompt forward decided by train.py), or
+with --matched in TRL's configuration (HF generate, float32 in both, no shared prompt).
 
 Each run is one subprocess under /usr/bin/time (peak RSS of the process, %M), ours and TRL's alternating, each for
 --steps generations; the first generation of every run is dropped (warm-up). Ours: the split from metrics.jsonl.
@@ -18,9 +20,11 @@ times `_generate_and_score_completions` (generation, padding, old log-probs, rew
 What differs, and what each does that the other does not (checked in trl/trainer/grpo_trainer.py, rollout.py):
 - Old log-probs: TRL computes them (one no-grad pass in _generate_and_score_completions) only when
   gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0, or with vLLM's importance-sampling
-  correction; ours only when --prompts-per-step != --mini-batch-prompts (policy.on_policy). With one optimizer step
-  per generation both skip it, with several (the default here: 2) both do it.
-- Generation: TRL generates with the training model itself (unwrap_model_for_generation), all rows in one call. Our
+  correction; ours only when --prompts-per-step != --mini-batch-prompts (policy.on_policy), and then for every
+  mini-batch but the first, whose update forward is π_old itself. With one optimizer step per generation both skip
+  it, with several (the default here: 2) both do it (ours on half the rows).
+- Generation: TRL generates with the training model itself (unwrap_model_for_generation), all rows in one call.
+  Ours by default with vLLM (its own copy of the weights, bf16 or fp32 as the engine's dtype); with --matched our
   HF engine is its own fp32 copy of the model (train.py does not pass the FSDP module to make_engine): one more copy
   in memory, and rollout.sync_weights copies the trained weights into it after every update (time/sync). It also
   records each sampled token's log-prob (a log-softmax per decode step) for the engine-vs-trainer diagnostics.
@@ -43,6 +47,7 @@ What differs, and what each does that the other does not (checked in trl/trainer
   with vLLM TRL turns on its importance-sampling correction by default (another objective).
 
     make smollm2 && python benchmarks/bench_vs_trl.py                    # SmolLM2-135M, ~15 min on 2 CPU cores
+    python benchmarks/bench_vs_trl.py --trl-dtype bfloat16-weights --repeats 1  # TRL with bf16 weights too
     python benchmarks/bench_vs_trl.py --model models/tiny-arith --data arithmetic:1,3 --steps 2 --repeats 1
 """
 
@@ -67,7 +72,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default=os.path.join(ROOT, "models", "smollm2-135m-instruct"))
     p.add_argument("--data", default=os.path.join(ROOT, "data", "gsm8k", "train.jsonl"))
     p.add_argument("--prompts", type=int, default=8, help="prompts per generation")
-    p.add_argument("--group-size", type=int, default=4, help="G, completions per prompt")
+    p.add_argument("--group-size", type=int, default=8, help="G, completions per prompt")
     p.add_argument("--mini-batch-prompts", type=int, default=4, help="prompts per optimizer step")
     p.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward/backward")
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -78,8 +83,14 @@ def parse_args(argv=None):
                    help="activation checkpointing in both (TRL's gradient_checkpointing, non-reentrant as ours)")
     p.add_argument("--steps", type=int, default=3, help="generations per run (the first is dropped)")
     p.add_argument("--repeats", type=int, default=2, help="runs per system, alternating")
-    p.add_argument("--ours", default="", help="extra train.py flags of our run only, e.g. '--share-prompt "
-                   "--micro-batch-tokens 4096' (features TRL has no counterpart of; the header names them)")
+    p.add_argument("--ours", default="", help="extra train.py flags of our run only, e.g. '--micro-batch-tokens "
+                   "4096' (features TRL has no counterpart of; the header names them)")
+    p.add_argument("--matched", action="store_true", help="ours in TRL's configuration instead of train.py's "
+                   "defaults: HF generate, float32 in both, no shared prompt")
+    p.add_argument("--trl-dtype", default="auto", choices=["auto", "float32", "bfloat16", "bfloat16-weights"],
+                   help="TRL's precision: float32; bfloat16 = bf16=True over fp32 weights (TRL's default mixed "
+                   "precision); bfloat16-weights = the model loaded in bf16 too (TRL's fastest); auto = bfloat16 "
+                   "where the CPU has native bf16 (precision.resolve_dtype), else float32")
     p.add_argument("--trl-child", default="", help=argparse.SUPPRESS)  # internal: run TRL, write rows here
     return p.parse_args(argv)
 
@@ -174,10 +185,11 @@ def trl_child(a):
             max_completion_length=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
             loss_type="grpo", epsilon=0.2, delta=10.0, beta=0.0, num_iterations=1,  # = our clip, clip_c 10, no KL
             shuffle_dataset=False,  # the dataset is already in train.py's order
-            use_cpu=True, bf16=False, use_vllm=False,  # float32, HF generate, on CPU
+            use_cpu=True, bf16=a.trl_dtype != "float32", use_vllm=False,  # HF generate, on CPU
             gradient_checkpointing=a.grad_checkpointing, gradient_checkpointing_kwargs={"use_reentrant": False},
             logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True)
-        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            a.model, dtype=torch.bfloat16 if a.trl_dtype == "bfloat16-weights" else torch.float32)
         trainer = TimedGRPO(model=model, reward_funcs=math_reward, args=args, train_dataset=ds,
                             processing_class=tokenizer)
         trl_ids = trainer._tokenize_prompts([r["messages"] for r in order])[0]
@@ -203,6 +215,15 @@ def shape_flags(a):
             "--grad-checkpointing" if a.grad_checkpointing else "--no-grad-checkpointing"]
 
 
+def our_flags(a):
+    """TRL's configuration (--matched), or train.py's defaults: the engine, the dtypes, activation checkpointing and
+    the shared-prompt forward as train.py decides them (--grad-checkpointing still forces it on)."""
+    if a.matched:
+        return [*shape_flags(a), "--rollout", "hf", "--train-dtype", "float32", "--rollout-dtype", "float32",
+                "--no-share-prompt"]
+    return [f for f in shape_flags(a) if f != "--no-grad-checkpointing"]
+
+
 def run(cmd, d):
     """Run cmd under /usr/bin/time; its peak RSS in GB (the largest process of the run)."""
     rss_file = os.path.join(d, "rss")
@@ -211,32 +232,32 @@ def run(cmd, d):
     if r.returncode:
         sys.exit(f"{' '.join(cmd[:3])} ... failed (exit {r.returncode}):\n{r.stdout[-1500:]}\n{r.stderr[-3000:]}")
     with open(rss_file) as f:
-        return int(f.read().split()[-1]) / 2**20
+        return int(f.read().split()[-1]) / 2**20, r.stdout
 
 
 def run_ours(a):
     with tempfile.TemporaryDirectory() as d:
-        cmd = [sys.executable, "train.py", *shape_flags(a), "--method", a.method, "--prompts-per-step", str(a.prompts),
-               "--group-size", str(a.group_size), "--max-steps", str(a.steps), "--rollout", "hf",
-               "--train-dtype", "float32", "--rollout-dtype", "float32", "--kl-coef", "0", "--clip-c", "10",
+        cmd = [sys.executable, "train.py", *our_flags(a), "--method", a.method, "--prompts-per-step", str(a.prompts),
+               "--group-size", str(a.group_size), "--max-steps", str(a.steps), "--kl-coef", "0", "--clip-c", "10",
                "--agg", "seq-mean-token-mean", "--seed", "0", "--eval-every", "0", "--save-every", "0",
                "--no-export-hf", "--out-dir", os.path.join(d, "run"), *a.ours.split()]
-        rss = run(cmd, d)
+        rss, stdout = run(cmd, d)
+        setup = next((line for line in stdout.splitlines() if line.startswith("run dir")), "")
         with open(os.path.join(d, "run", "metrics.jsonl")) as f:
             ms = [json.loads(line) for line in f if line.strip() and "time/step" in line]
     rows = [{"step": m["time/step"], "generate": m["time/rollout"], "score+old logp": m["time/logprobs"],
              "update+rest": m["time/step"] - m["time/rollout"] - m["time/logprobs"],
              "tokens/completion": m["response_length/mean"], "RSS at last step GB": m["memory/peak_rss_gb"],
              "update": m["time/update"], "sync": m["time/sync"]} for m in ms]
-    return rows, rss
+    return rows, rss, setup.split(" | ", 1)[-1]
 
 
 def run_trl(a, argv):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "rows.json")
-        rss = run([sys.executable, os.path.abspath(__file__), *argv, "--trl-child", out], d)
+        rss, _ = run([sys.executable, os.path.abspath(__file__), *argv, "--trl-child", out], d)
         with open(out) as f:
-            return json.load(f), rss
+            return json.load(f), rss, f"TRL {a.trl_dtype}"
 
 
 def header(a, ga, spg):
@@ -252,8 +273,9 @@ def header(a, ga, spg):
             f"{data}, {a.prompts} prompts x G {a.group_size} per generation, {a.max_new_tokens} new tokens, prompts "
             f"up to {a.max_prompt_len} tokens, {a.prompts // a.mini_batch_prompts} optimizer steps per generation "
             f"(mini-batch {a.mini_batch_prompts} prompts; TRL steps_per_generation {spg} / gradient_accumulation_steps "
-            f"{ga}), micro-batch {a.micro_batch_size} sequences, lr {a.lr:g} constant, float32, HF generate in both, "
-            f"activation checkpointing {'on' if a.grad_checkpointing else 'off'}, "
+            f"{ga}), micro-batch {a.micro_batch_size} sequences, lr {a.lr:g} constant; TRL in {a.trl_dtype} with HF "
+            f"generate, activation checkpointing {'on' if a.grad_checkpointing else 'off'}; ours "
+            f"{'matched to TRL (float32, HF generate, no shared prompt)' if a.matched else 'with train.py defaults'}, "
             f"no KL, no eval{'; ours also ' + a.ours if a.ours else ''}; {a.steps} generations per run, the first dropped, {a.repeats} run(s) "
             f"per system alternating. Machine: {cpu}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
             f"torch {torch.__version__}, transformers {transformers.__version__}; commit {commit}; "
@@ -271,14 +293,18 @@ def main(argv=None):
     except ValueError as e:
         print(f"bench_vs_trl.py: error: {e}", file=sys.stderr)
         sys.exit(2)
-    argv = [*shape_flags(a), "--prompts", str(a.prompts), "--group-size", str(a.group_size), "--steps", str(a.steps)]
+    if a.trl_dtype == "auto":
+        import precision
+        a.trl_dtype = "bfloat16" if precision.resolve_dtype("auto") == "bfloat16" else "float32"
+    argv = [*shape_flags(a), "--prompts", str(a.prompts), "--group-size", str(a.group_size), "--steps", str(a.steps),
+            "--trl-dtype", a.trl_dtype]
     print(header(a, ga, spg), flush=True)
     steps = {"ours": [], "TRL": []}  # the kept generations of every run
     rss = {"ours": 0.0, "TRL": 0.0}
-    per_run = []
+    per_run, setups = [], {}
     for i in range(a.repeats):
         for name, fn in (("ours", lambda: run_ours(a)), ("TRL", lambda: run_trl(a, argv))):
-            rows, peak = fn()
+            rows, peak, setups[name] = fn()
             steps[name] += rows[1:]
             rss[name] = max(rss[name], peak)
             per_run.append(f"{name} {statistics.mean(r['step'] for r in rows[1:]):.2f}")
@@ -292,7 +318,8 @@ def main(argv=None):
         print(f"| {name} | " + " | ".join(f"{mean[name][c]:.2f}" for c in COLUMNS) + " |")
     print("| TRL / ours | " + " | ".join(f"{mean['TRL'][c] / mean['ours'][c]:.2f}" for c in COLUMNS) + " |")
     ours = steps["ours"]
-    print(f"\nours' update+rest = update {statistics.mean(r['update'] for r in ours):.2f} + weight sync into the HF "
+    print(f"\nours ran: {setups['ours']}")
+    print(f"ours' update+rest = update {statistics.mean(r['update'] for r in ours):.2f} + weight sync into the "
           f"engine {statistics.mean(r['sync'] for r in ours):.2f} + metrics; runs in order: {', '.join(per_run)}")
 
 

@@ -324,3 +324,32 @@ def test_engine_gap_measured_before_any_optimizer_step(group):
     after, _ = policy.batch_logprobs(model, cfg, b)
     drift = ((after - before).abs() * mask)[second].sum() / mask[second].sum()
     assert drift > 100 * tol  # measured after a step, the gap would be off by far more than tol
+
+
+@pytest.mark.parametrize("train_dtype", ["float32", "bfloat16"])
+def test_first_mini_batch_old_logprobs_from_its_update_forward(group, train_dtype):
+    """Two mini-batches: the old-log-prob pass that skips the first mini-batch (batch_logprobs(skip_first=True)),
+    which update_policy then fills from its own forward before any optimizer step, gives the π_old, entropy,
+    diagnostics and weights of the full pass (the path it replaces), bit for bit: the same kernels on the same shapes
+    (grad and no-grad forwards run the same CPU kernels), in float32 and in bf16 compute."""
+    cfg = train.Config(model=rollout.DEFAULT_MODEL, prompts_per_step=4, mini_batch_prompts=2, group_size=2,
+                       micro_batch_size=2, max_new_tokens=9, lr=1e-2, grad_clip=1e6, train_dtype=train_dtype)
+    ids, attn, mask, P = batch(seed=3, B=8, P=7, T=9)
+    adv = torch.linspace(-1.0, 1.2, 8)
+    out = []
+    for skip in (False, True):
+        torch.manual_seed(0)
+        model = policy.build_model(cfg, torch.device("cpu"))
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+        b = RolloutBatch(ids, attn, mask, P)
+        old, ent = policy.batch_logprobs(model, cfg, b, with_entropy=True, skip_first=skip)
+        if skip:  # the first mini-batch's 4 rows are left to the update
+            assert torch.isnan(old[:4]).all() and not torch.isnan(old[4:]).any()
+        sums, skipped, _ = policy.update_policy(model, opt, cfg, b, adv, old, old_entropy=ent if skip else None)
+        assert skipped == 0
+        out.append((old, ent, {k: float(v) for k, v in sums.items()},
+                    {k: v.full_tensor().clone() for k, v in model.state_dict().items()}))
+    (old0, ent0, sums0, w0), (old1, ent1, sums1, w1) = out
+    assert torch.equal(old0 * mask, old1 * mask) and torch.equal(ent0 * mask, ent1 * mask)
+    assert sums0 == sums1
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
