@@ -117,9 +117,15 @@ def build_model(cfg, device, trainable=True):
     # master weights, AdamW state and gradient reduction, on GPU and on CPU alike
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if cfg.train_dtype == "bfloat16" else MixedPrecisionPolicy()
+    # One rank holds whole weights: resharding after a forward would only make FSDP2 copy (and cast)
+    # every weight again for the backward and for each further model call (a shared-prompt forward
+    # makes two, a no-grad pass one per micro-batch). Kept unsharded until the backward is done:
+    # one compute-dtype copy of the weights (SmolLM2 in bf16: 0.27 GB) for ~12% of an update
+    # (docs/benchmarks.md). On N ranks resharding is what saves the memory.
+    reshard = dist.get_world_size() > 1
     for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
     model.to_empty(device=device)  # this rank's shards, uninitialised: the broadcast fills them
     for name, b in model.named_buffers():
         b.copy_(buffers[name])

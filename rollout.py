@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.distributed.fsdp import FSDPModule
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
                           LogitsProcessor, StoppingCriteria, TemperatureLogitsWarper,
                           TopPLogitsWarper)
@@ -396,6 +397,11 @@ def _full_parameters(model, dtype=None):
     embedding -- and so reverts the embedding it had just loaded: the engine then samples from stale
     weights (measured: log-probs off by 2 nats after a sync). Sending lm_head.weight too loads both.
     tests/test_smollm2.py checks a sync on the tied model."""
+    # on one rank FSDP2 keeps a module unsharded after a forward (policy.build_model): its parameters
+    # are then the compute-dtype copies, not the fp32 master weights this must send
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
     for name, param in model.named_parameters(remove_duplicate=False):
         # wrappers insert these into the HF names vLLM's load_weights expects
         for part in _WRAPPER_PARTS:
