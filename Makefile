@@ -3,7 +3,7 @@ PY := .venv/bin/python
 TORCHRUN := .venv/bin/torchrun
 NPROC ?= 2
 
-.PHONY: venv demo demo-real test test-fast bench figures tiny-model smollm2 gpu-check gpu-stage clean
+.PHONY: venv demo demo-real test test-slow test-fast bench figures tiny-model smollm2 gpu-check gpu-stage clean
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -21,12 +21,16 @@ DEMO_REAL_FLAGS := --model models/smollm2-135m-instruct --data arithmetic-instru
 demo-real: venv smollm2
 	$(TORCHRUN) --nproc_per_node 1 train.py --method bandkl --delta 0.05 $(DEMO_REAL_FLAGS)
 
-# the real-model smoke tests need models/smollm2-135m-instruct (built from PyPI, git-ignored)
+# the real-model smoke tests need models/smollm2-135m-instruct (built from PyPI, git-ignored); `slow` marks checks that
+# repeat what faster tests cover (the GPU check's CPU mode): CI runs them after `make test` (.ci/run, make test-slow)
 test: venv smollm2
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not slow"
+
+test-slow: venv smollm2
+	$(PY) -m pytest -m slow
 
 test-fast: venv smollm2
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow and not smoke"
 
 bench: venv
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

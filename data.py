@@ -392,10 +392,17 @@ def tokenize_prompts(records, tokenizer, max_prompt_len):
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("the tokenizer has no chat template; give it one "
                          "(tokenizer.chat_template = ...)")
-    texts = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True,
-                                           tokenize=False)
-             for r in records]
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    # each distinct prompt once: the synthetic task's 100k draws hold ~15k-47k distinct problems,
+    # and rendering the template is most of a run's start-up on a small model
+    keys = [repr(r["messages"]) for r in records]
+    firsts = {}
+    for k, r in zip(keys, records):
+        firsts.setdefault(k, r["messages"])
+    texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+             for m in firsts.values()]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    by_key = dict(zip(firsts, encoded))
+    ids = [by_key[k] for k in keys]
     prompt_ids, kept = [], []
     for r, x in zip(records, ids):
         if len(x) <= max_prompt_len:

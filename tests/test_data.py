@@ -215,3 +215,18 @@ def test_split_names_keeps_arithmetic_levels_whole():
     assert data.split_names("arithmetic:1,3") == ["arithmetic:1,3"]
     assert data.split_names(" aime24 , amc23,") == ["aime24", "amc23"]
     assert data.split_names("") == []
+
+
+def test_tokenize_prompts_repeated_prompts_equal_one_by_one():
+    """Repeated problems (the synthetic task draws 100k of far fewer) are rendered and encoded once each: every
+    record's ids equal the chat template applied and encoded for that record alone, with the real tiny tokenizer."""
+    from transformers import AutoTokenizer
+    import rollout
+    tok = AutoTokenizer.from_pretrained(rollout.DEFAULT_MODEL)
+    records = data.load("arithmetic:1", split="train", seed=0, n=20_000)
+    assert len({r["messages"][0]["content"] for r in records}) < len(records)  # repeats exist
+    ids, kept, dropped = data.tokenize_prompts(records, tok, 10_000)
+    assert dropped == 0 and kept == records
+    for r, x in zip(records, ids):
+        text = tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
+        assert x == tok(text, add_special_tokens=False)["input_ids"], r

@@ -7,6 +7,11 @@ its checkpoint's step; the weight sync puts the trainer's weights into the vLLM 
 under torchrun the engine samples the trainer's distribution (within the tolerance gpu_check derives) before and
 after an update, and its own sleep state follows the training step's calls; train.py with --rollout vllm resumes;
 the same job runs with both engines. The vLLM sections cost about two minutes of the check's CPU time here.
+
+Every claim here repeats one that a faster test makes on the code gpu_check drives (test_band's float32 bounds,
+test_train's resume and first ratio, test_rollout's sync and sleep, test_smollm2's engines); what only this file
+checks is that the GPU script itself runs. So it is marked `slow`: `make test` skips it, CI runs it
+(`make test-slow`), and so does the GPU machine (`make gpu-check`).
 """
 import json
 import os

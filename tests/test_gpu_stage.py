@@ -156,7 +156,7 @@ ENGINE_MODULES = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.smoke
 def test_staged_vllm_imports_on_the_gpu_machines_python(tmp_path):
     """vllm 0.26.0 as staged (trimmed, + its 28 wheels), installed by `install` into an empty folder, imports
     `vllm.LLM` on an interpreter with the GPU machine's torch and nothing else of vLLM's; the engine's modules import

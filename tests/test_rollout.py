@@ -310,7 +310,7 @@ engine.close()  # destroys the default process group it adopted
 '''
 
 
-@pytest.mark.slow
+@pytest.mark.smoke
 @needs_vllm
 def test_fsdp2_colocated_sync_under_torchrun(tmp_path):
     """Two torchrun ranks, an FSDP2-sharded trainer and one vLLM engine per rank: after sync_weights each engine

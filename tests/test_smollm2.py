@@ -54,7 +54,7 @@ def torchrun(args, timeout=900):
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.slow
+@pytest.mark.smoke
 def test_one_real_training_step_with_vllm_two_ranks(tmp_path):
     """One step of the real command on SmolLM2 + GSM8K, 2 ranks, vLLM, T = 0.7: it runs, the engine's log-probs are
     the trainer's, the loss is finite, and the exported model loads and reproduces the source model's logits."""
@@ -91,7 +91,7 @@ def test_one_real_training_step_with_vllm_two_ranks(tmp_path):
     assert gap < 0.5, gap
 
 
-@pytest.mark.slow
+@pytest.mark.smoke
 def test_eval_runs_on_the_real_model(tmp_path):
     """eval.py on SmolLM2 and 4 GSM8K test problems: a report with every promised number."""
     report = tmp_path / "eval.json"

@@ -77,7 +77,7 @@ def vllm_available():
         return False
 
 
-@pytest.mark.slow
+@pytest.mark.smoke
 @pytest.mark.parametrize("engine", ["vllm", "hf"])
 def test_train_two_ranks_runs_end_to_end(engine, tmp_path):
     """`torchrun --nproc_per_node 2 train.py --method bandkl --delta 0.05` runs, logs, checkpoints and exports."""
@@ -119,7 +119,7 @@ def test_train_two_ranks_runs_end_to_end(engine, tmp_path):
     assert torch.isfinite(model(ids).logits).all()
 
 
-@pytest.mark.slow
+@pytest.mark.smoke
 def test_engine_old_logp_and_rollout_correction_with_token_budget(tmp_path):
     """--old-logp engine skips the trainer's π_old pass: the first mini-batch's ratio is then the engine-vs-trainer
     gap (float32 on both sides: nonzero, and small); --rollout-is sequence-mask logs its rollout_is/ metrics; both
@@ -139,7 +139,7 @@ def test_engine_old_logp_and_rollout_correction_with_token_budget(tmp_path):
                 assert 0 <= m["rollout_is/seqs_out_frac"] <= 1 and m["rollout_is/rho_max"] >= m["rollout_is/rho_mean"]
 
 
-@pytest.mark.slow
+@pytest.mark.smoke
 def test_python_train_py_one_process_bf16(tmp_path):
     """`python train.py` (no torchrun) is the same program on one process; with --train-dtype/--rollout-dtype
     bfloat16 (FSDP2 mixed precision, vLLM bf16) the run trains and the first mini-batch's ratio is exactly 1:
@@ -159,7 +159,7 @@ def test_python_train_py_one_process_bf16(tmp_path):
     # that bf16 really computes (bf16 logits on fp32 master weights) is checked in test_policy.py
 
 
-@pytest.mark.slow
+@pytest.mark.smoke
 @pytest.mark.parametrize("rollout_is", ["none", "sequence-mask"])
 def test_fsdp_two_ranks_equal_one_rank(tmp_path, rollout_is):
     """FSDP2 on 2 ranks (gloo) = 1 rank on the same global batch: weights after one step agree to float32 rounding,
@@ -187,7 +187,7 @@ def test_fsdp_two_ranks_equal_one_rank(tmp_path, rollout_is):
         assert torch.allclose(outs[2][name], w1, rtol=2 * u, atol=2 * depth * u * moved), name
 
 
-@pytest.mark.slow
+@pytest.mark.smoke
 def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     """SIGKILL after the step-2 checkpoint, then --resume: same steps, same data position, same final weights; with
     --keep-checkpoints 1 only the newest checkpoint is left, and the resumed run keeps that setting."""
@@ -292,7 +292,7 @@ def test_bad_flags_exit_2_with_one_line(case, bad_flag_runs):
     assert not (d / f"run{case}").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.smoke
 def test_two_nodes_on_localhost(tmp_path):
     """`--nnodes 2` rendezvous on localhost (one process per "node") runs a training step."""
     port = free_port()

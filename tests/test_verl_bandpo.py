@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERL_PY = os.path.join(ROOT, ".venv-verl", "bin", "python")
 
 
-@pytest.mark.slow
+@pytest.mark.smoke
 def test_verl_bandpo_in_verl_env():
     if not os.path.exists(VERL_PY):
         msg = ".venv-verl is missing: run `bash scripts/bootstrap_verl.sh` (or `make venv`)"
