@@ -159,11 +159,13 @@ def test_python_train_py_one_process_bf16(tmp_path):
     # that bf16 really computes (bf16 logits on fp32 master weights) is checked in test_policy.py
 
 
-@pytest.mark.smoke
+@pytest.mark.slow
 @pytest.mark.parametrize("rollout_is", ["none", "sequence-mask"])
 def test_fsdp_two_ranks_equal_one_rank(tmp_path, rollout_is):
     """FSDP2 on 2 ranks (gloo) = 1 rank on the same global batch: weights after one step agree to float32 rounding,
-    also with a rollout importance correction on (its weights per micro-batch, the normalisers global)."""
+    also with a rollout importance correction on (its weights per micro-batch, the normalisers global). Marked slow:
+    tests/test_two_ranks.py makes the same claim for row micro-batches (its bf16 and share-prompt scenarios), token
+    budgets and every correction mode, in one torchrun pair for all of them."""
     outs = {}
     for nproc in (1, 2):
         out = tmp_path / f"w{nproc}.pt"
