@@ -93,3 +93,25 @@ def test_checkpointing_is_decided_from_the_least_free_memory_of_any_rank(free_by
         assert p.exitcode == 0
     assert [r[1] for r in results] == [expected, expected]
     assert [r[2] for r in results] == [min(free_by_rank)] * 2
+
+
+@pytest.mark.parametrize("kw,world,lens,expected", [
+    # G (p + t) against 2 (p + G t), by hand: 8 x 80 = 640 >= 2 x (48 + 256) = 608: the chat arithmetic shares
+    (dict(group_size=8, max_new_tokens=32, micro_batch_size=16), 1, [48, 48], True),
+    # the tiny model's 8-token prompts: 8 x 24 = 192 < 2 x (8 + 128) = 272
+    (dict(group_size=8, max_new_tokens=16, micro_batch_size=16), 1, [8, 8], False),
+    # the mean prompt decides: (40 + 56) / 2 = 48 as above
+    (dict(group_size=8, max_new_tokens=32, micro_batch_size=16), 1, [40, 56], True),
+    # micro-batches of 12 rows cut groups of 8
+    (dict(group_size=8, max_new_tokens=32, micro_batch_size=12), 1, [48], False),
+    # a token budget plans rows by length, not by group
+    (dict(group_size=8, max_new_tokens=32, micro_batch_size=16, micro_batch_tokens=512), 1, [48], False),
+    # 4 prompts over 4 ranks in 2 mini-batches: each rank's mini-batch is half a group
+    (dict(group_size=8, max_new_tokens=32, micro_batch_size=8, prompts_per_step=4, mini_batch_prompts=2), 4,
+     [48], False),
+    # no prompt lengths known: off
+    (dict(group_size=8, max_new_tokens=32, micro_batch_size=16), 1, [], False),
+])
+def test_shared_prompt_decided_where_it_halves_the_tokens(kw, world, lens, expected):
+    cfg = config.Config(**{**dict(prompts_per_step=8, mini_batch_prompts=4), **kw})
+    assert config.shares_prompt_pays(cfg, world, lens) is expected
