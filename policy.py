@@ -331,7 +331,8 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
     has run yet), so its log-probs and entropy are written into old_logp and old_entropy here, the
     same values the pass would have computed with the same kernels and shapes.
     The first mini-batch runs before any optimizer step, so its ratio must be exactly 1: Σ|r − 1|
-    over its tokens is logged (ratio/first_abs_dev), 0 only if both passes ran the same kernels.
+    over its tokens is logged (ratio/first_abs_dev): 0 by construction where π_old is this forward
+    (on-policy, or filled in here); with a given π_old, 0 only if both passes ran the same kernels.
     Host syncs: one per mini-batch (the skip decision), one more with --micro-batch-tokens (the
     agreed counts). -> (sums, skipped updates, last grad norm).
     """

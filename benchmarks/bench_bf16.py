@@ -1,9 +1,11 @@
 """What bf16 does to the method: engine-vs-trainer log-probs, the first ratio, and the band near p = 1.
 
 Runs the real command, `python train.py` (one process), for a few steps with the trainer and the engine in float32
-and in bfloat16, two mini-batches per rollout (so π_old comes from its own no-grad pass), and reads from metrics.jsonl:
-  ratio/first_abs_dev          mean |r − 1| over the first mini-batch, before any optimizer step: 0 means the π_old pass
-                               and the update ran the same kernels on the same shapes (it must be exactly 0);
+and in bfloat16, two mini-batches per rollout (so the second's π_old comes from the no-grad pass), and reads from
+metrics.jsonl:
+  ratio/first_abs_dev          mean |r − 1| over the first mini-batch, before any optimizer step: 0 by construction,
+                               train.py takes that mini-batch's π_old from its update forward (that the no-grad pass
+                               runs the same kernels is tests/test_policy.py's);
   rollout/logprob_diff         mean |engine log-prob − trainer log-prob| of the sampled tokens;
   rollout/ratio_out_0.1_frac   share of tokens whose engine-vs-trainer ratio leaves [0.9, 1.1]: what a trainer that
                                took the engine's log-probs as π_old would see before any update;

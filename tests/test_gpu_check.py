@@ -92,10 +92,10 @@ def test_band_float32_error_within_rounding(report):
 
 @pytest.mark.slow
 def test_first_ratio_is_exactly_one(report):
-    """Before its optimizer step, the first mini-batch's ratio r = exp(logp - old_logp) is 1 exactly: the old-log-prob
-    pass and the update's forward run the same shapes through the same kernels (train.py's run and the update
-    section's model alike); |r - 1| is summed over tokens, so a single differing token shows."""
-    assert report["sections"]["train"]["first_ratio_abs_dev_max"] == 0.0
+    """Before its optimizer step, the first mini-batch's ratio r = exp(logp - old_logp) is 1 exactly: the update
+    section's no-grad old-log-prob pass and the update's forward run the same shapes through the same kernels; |r - 1|
+    is summed over tokens, so a single differing token shows. (train.py's own runs take the first mini-batch's π_old
+    from its update forward, where the ratio is 1 by construction.)"""
     first = report["sections"]["update"]["first_ratio_abs_dev"]
     assert first and all(d == 0.0 for d in first)
 
@@ -163,11 +163,11 @@ def test_engine_sleep_state_follows_the_training_step(report):
 
 @pytest.mark.slow
 def test_train_with_vllm_resumes(report):
-    """train.py --rollout vllm: the resumed run continues from the checkpoint's step; the first mini-batch's ratio
-    is exactly 1 with the engine asleep during the update."""
+    """train.py --rollout vllm: the resumed run continues from the checkpoint's step, with the engine asleep during
+    each update."""
     sec = vllm_section(report, "train_vllm")
     assert sec["resume"]["from_step"] == sec["resume"]["checkpoint_step"] == 1
-    assert sec["steps"] == [1, 2] and sec["first_ratio_abs_dev_max"] == 0.0
+    assert sec["steps"] == [1, 2]
     assert sec["rollout_tokens_per_s"] > 0 and sec["time_split_s"]["sync"] >= 0
 
 

@@ -353,3 +353,21 @@ def test_first_mini_batch_old_logprobs_from_its_update_forward(group, train_dtyp
     assert torch.equal(old0 * mask, old1 * mask) and torch.equal(ent0 * mask, ent1 * mask)
     assert sums0 == sums1
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
+
+
+def test_weights_sent_after_a_no_grad_forward_are_the_fp32_master_weights(group):
+    """One rank keeps FSDP2 modules unsharded after a forward (policy.build_model): after a no-grad pass in bf16
+    compute the modules' parameters are bf16 copies. What rollout.sync_weights streams must still be the fp32 master
+    weights, equal to the model's state dict."""
+    cfg = train.Config(model=rollout.DEFAULT_MODEL, prompts_per_step=2, mini_batch_prompts=2, group_size=3,
+                       micro_batch_size=6, max_new_tokens=9, train_dtype="bfloat16")
+    model = policy.build_model(cfg, torch.device("cpu"))
+    ids, attn, mask, P = batch(seed=4)
+    policy.batch_logprobs(model, cfg, RolloutBatch(ids, attn, mask, P))
+    assert any(p.dtype == torch.bfloat16 for p in model.parameters())  # unsharded: the compute-dtype copies
+    sent = dict(rollout._full_parameters(model))
+    # after: state_dict() reshards through FSDP2's own hook
+    master = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    assert master.keys() <= sent.keys()
+    for name, tensor in sent.items():
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, master[name]), name
