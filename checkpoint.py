@@ -14,14 +14,34 @@ Called by train.py on every rank (each function holds collectives), e.g. through
 --nproc_per_node 2 train.py --resume runs/<run-dir>`. tests/test_train.py kills a run with SIGKILL
 and checks that the resumed run ends where an uninterrupted one ends.
 """
+import contextlib
 import dataclasses
 import json
 import os
 import random
 import shutil
+import warnings
 
 import torch
 import torch.distributed as dist
+
+
+def _alone():
+    """One process: DCP without its collectives (no_dist). Its plans travel by gather_object,
+    whose copy of a plan's bytes runs on a gloo worker thread as a parallel torch op: that thread
+    opens a second OpenMP team, and libgomp, finding more threads than CPUs from then on, stops
+    spin-waiting at every barrier for the rest of the process (a one-rank run's steps ~1.5x
+    slower after its first checkpoint; tests/test_train.py checks no thread is added). Several
+    ranks need the collectives; torchrun gives each rank one OpenMP thread there."""
+    return dist.get_world_size() == 1
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DCP warns that no_dist means one process: it does, on purpose."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def save_checkpoint(run_dir, step, model, optimizer, cfg):
@@ -38,7 +58,8 @@ def save_checkpoint(run_dir, step, model, optimizer, cfg):
         os.makedirs(tmp)
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+    with _quiet():
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp, no_dist=_alone())
     rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
     torch.save(rng, os.path.join(tmp, f"rng_rank{dist.get_rank()}.pt"))
@@ -87,7 +108,8 @@ def load_checkpoint(path, model, optimizer):
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=path)
+    with _quiet():
+        dcp.load(state, checkpoint_id=path, no_dist=_alone())
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
     with open(os.path.join(path, "meta.json")) as f:

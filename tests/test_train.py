@@ -364,3 +364,37 @@ def test_resume_keeps_its_own_config_but_takes_keep_checkpoints(tmp_path):
     assert (cfg.method, cfg.seed, cfg.keep_checkpoints, cfg.max_steps) == ("clip", 7, 3, 20)
     cfg = train.load_run_config(["--resume", str(run), "--keep-checkpoints", "1"])
     assert (cfg.method, cfg.keep_checkpoints) == ("clip", 1)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or torch.get_num_threads() < 2,
+                    reason="counts the threads in /proc; one OpenMP thread opens no team")
+def test_one_rank_checkpoint_adds_no_thread_and_round_trips(tmp_path, monkeypatch):
+    """A one-rank save and load open no second OpenMP team (a gloo worker thread running a parallel copy would: libgomp
+    then counts more threads than CPUs and stops spin-waiting, every step after the first checkpoint ~1.5x slower);
+    what is loaded is what was saved."""
+    import torch.distributed as dist
+
+    import checkpoint
+    import rollout
+    import train
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        cfg = train.Config(model=rollout.DEFAULT_MODEL, train_dtype="float32", out_dir=str(tmp_path))
+        model = train.build_model(cfg, torch.device("cpu"))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model(input_ids=torch.arange(8)[None]).logits.sum().backward()
+        optimizer.step()
+        saved = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+        threads = len(os.listdir("/proc/self/task"))
+        checkpoint.save_checkpoint(str(tmp_path), 1, model, optimizer, cfg)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+        assert checkpoint.load_checkpoint(checkpoint.latest_checkpoint(str(tmp_path)), model, optimizer) == 1
+        assert len(os.listdir("/proc/self/task")) == threads
+        assert all(torch.equal(saved[k], v.full_tensor()) for k, v in model.state_dict().items())
+    finally:
+        dist.destroy_process_group()
