@@ -26,6 +26,7 @@ Departures from the authors' verl recipe, on purpose (docs/design.md has the res
 - The tiny default uses lr 1e-4 (not 1e-6) and no KL: a 0.7 M-parameter model needs larger steps.
 """
 
+import ctypes
 import dataclasses
 import json
 import os
@@ -90,6 +91,27 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def keep_freed_memory(cfg, device):
+    """On a CPU with memory to spare (checkpointing off), glibc (Linux): every allocation from the
+    heap (mallopt M_MMAP_MAX 0), which is never trimmed (M_TRIM_THRESHOLD 2 GiB), so the blocks a
+    step frees serve the next without page faults. glibc's defaults map blocks above its threshold
+    (128 KiB, growing to 32 MiB) afresh and shrink the heap's top: FSDP2's cast copies, logits and
+    activations then fault their pages in on every micro-batch, ~30% of an update in the kernel
+    (docs/benchmarks.md). The price: freed blocks stay resident, ~0.3-0.5 GB more peak, so not where
+    memory decided for checkpointing. Left alone: GPU runs, other platforms, and a user's own
+    GLIBC_TUNABLES / MALLOC_* settings. -> whether it was set."""
+    own = "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "") or any(
+        k.startswith("MALLOC_") for k in os.environ)
+    if device.type != "cpu" or cfg.grad_checkpointing or not sys.platform.startswith("linux") or own:
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # malloc.h
+    return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
 
 
 def peak_rss_gb():
@@ -285,6 +307,7 @@ def main(argv=None):
         print0(f"train.py: error: {e}")
         dist.destroy_process_group()
         sys.exit(2)
+    keep_freed_memory(cfg, device)
     model = build_model(cfg, device)
     ref_model = build_model(cfg, device, trainable=False) if cfg.kl_coef > 0 else None
     optimizer = make_optimizer(model, cfg)

@@ -47,7 +47,7 @@ def peak_gb():
 
 
 def main():
-    argv = sys.argv[1:]
+    argv, threshold = sys.argv[1:], None
     if argv[:1] == ["--mmap-threshold"]:  # glibc: blocks above this size are mmapped and go back to the system on
         threshold, argv = int(argv[1]), argv[2:]  # free (a fixed M_MMAP_THRESHOLD, not glibc's growing one)
         assert ctypes.CDLL("libc.so.6").mallopt(-3, threshold) == 1, "mallopt(M_MMAP_THRESHOLD) failed"
@@ -65,9 +65,10 @@ def main():
     device = train.init_distributed()
     # as train.py decides them, once the device is set, from the training prompts' lengths
     cfg, _, _ = train.decide_grad_checkpointing(cfg, device, [len(x) for x in ids])
+    heap = threshold is None and train.keep_freed_memory(cfg, device)  # as train.py, unless told
     ids = ids[:cfg.prompts_per_step]
     print(f"{cfg.model}: {cfg.train_dtype} trainer, {cfg.rollout_dtype} engine ({cfg.rollout}), grad checkpointing "
-          f"{cfg.grad_checkpointing}, shared prompt {cfg.share_prompt}; {cfg.prompts_per_step} prompts x {cfg.group_size}, {cfg.max_new_tokens} new "
+          f"{cfg.grad_checkpointing}, shared prompt {cfg.share_prompt}, heap kept {heap}; {cfg.prompts_per_step} prompts x {cfg.group_size}, {cfg.max_new_tokens} new "
           f"tokens, micro-batch {cfg.micro_batch_size}")
     print(f"{'phase':<34}{'RSS GB':>8}{'peak GB':>8}   by arithmetic")
     row("python + torch + transformers")  # and the process group (a few MB)
