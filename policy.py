@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from accelerate import init_empty_weights
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import band
@@ -360,8 +360,7 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
                     max_len=cfg.max_new_tokens)
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float64, device=device)
-        for i, rows_mb in enumerate(mbs):
-            _accumulate_unsharded(model, world, cfg, last=i == len(mbs) - 1)
+        for rows_mb in mbs:
             mb = batch[rows_mb]
             fill = fill_first and m == 0  # π_old is this forward, detached
             old = None if old_logp is None or fill else old_logp[rows_mb]
@@ -383,20 +382,6 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
     lead = float(dist.get_rank() == 0)
     add({"n_minibatches": lead * (m + 1), "n_skipped": lead * skipped})
     return sums, skipped, float(grad_norm)
-
-
-def _accumulate_unsharded(model, world, cfg, last):
-    """One rank with memory to spare: the micro-batches of a mini-batch but its last keep FSDP2's
-    compute-dtype weights and accumulate the gradient unsharded in the reduce dtype, so the weights
-    are cast once per mini-batch, not once per micro-batch, and the gradient is reduced once. The
-    same sums in the same order: fp32(g1) + fp32(g2) + ... either way (tests/test_policy.py checks
-    the weights bit for bit). An update of SmolLM2 in `make demo-real` runs ~18% faster; the peak
-    resident memory grows by ~0.6 GB (glibc's heap fragments around the accumulators, though less
-    is live), so where memory decided for activation checkpointing every micro-batch reduces, as it
-    does on N ranks, where the unsharded accumulator would cost N shards each."""
-    if world == 1 and not cfg.grad_checkpointing and isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(last)
-        model.set_reshard_after_backward(last)
 
 
 def _probe_sums(logp, old, entropy, mb, cfg, measured_here, first):
