@@ -32,7 +32,8 @@ def _alone():
     opens a second OpenMP team, and libgomp, finding more threads than CPUs from then on, stops
     spin-waiting at every barrier for the rest of the process (a one-rank run's steps ~1.5x
     slower after its first checkpoint; tests/test_train.py checks no thread is added). Several
-    ranks need the collectives; torchrun gives each rank one OpenMP thread there."""
+    ranks need the collectives; torchrun gives each rank one OpenMP thread there (unless
+    OMP_NUM_THREADS says otherwise), so no second team opens."""
     return dist.get_world_size() == 1
 
 

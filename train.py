@@ -94,24 +94,27 @@ def _free_port():
 
 
 def keep_freed_memory(cfg, device):
-    """On a CPU with memory to spare (checkpointing off), glibc (Linux): every allocation from the
-    heap (mallopt M_MMAP_MAX 0), which is never trimmed (M_TRIM_THRESHOLD 2 GiB), so the blocks a
-    step frees serve the next without page faults. glibc's defaults map blocks above its threshold
+    """On a CPU with memory to spare (checkpointing decided off), glibc (Linux): allocations from
+    the heap, not mapped afresh (mallopt M_MMAP_MAX 0; glibc's per-thread arenas still map blocks
+    above 64 MiB), and the main heap never trimmed (M_TRIM_THRESHOLD 2 GiB), so the blocks a step
+    frees serve the next without page faults. glibc's defaults map blocks above its threshold
     (128 KiB, growing to 32 MiB) afresh and shrink the heap's top: FSDP2's cast copies, logits and
     activations then fault their pages in on every micro-batch, ~30% of an update in the kernel
-    (docs/benchmarks.md). The price: freed blocks stay resident, ~0.3-0.5 GB more peak, so not where
+    (docs/benchmarks.md). The price: freed blocks stay resident, ~0.6 GB more peak, so not where
     memory decided for checkpointing. Left alone: GPU runs, other platforms, and a user's own
     GLIBC_TUNABLES / MALLOC_* settings. -> whether it was set."""
     own = "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "") or any(
         k.startswith("MALLOC_") for k in os.environ)
-    if device.type != "cpu" or cfg.grad_checkpointing or not sys.platform.startswith("linux") or own:
+    if (device.type != "cpu" or cfg.grad_checkpointing is not False
+            or not sys.platform.startswith("linux") or own):
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):  # not glibc
         return False
     M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # malloc.h
-    return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
+    # 2**31 - 1: mallopt takes a C int; the trim threshold first, so that a refusal leaves mapping as it was
+    return mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1 and mallopt(M_MMAP_MAX, 0) == 1
 
 
 def peak_rss_gb():

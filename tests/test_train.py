@@ -8,6 +8,7 @@ one line and exit code 2 before anything starts; two "nodes" on localhost rendez
 import json
 import math
 import os
+import platform
 import re
 import socket
 import subprocess
@@ -388,19 +389,19 @@ def test_one_rank_checkpoint_adds_no_thread_and_round_trips(tmp_path, monkeypatc
         model(input_ids=torch.arange(8)[None]).logits.sum().backward()
         optimizer.step()
         saved = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
-        threads = len(os.listdir("/proc/self/task"))
+        threads = set(os.listdir("/proc/self/task"))
         checkpoint.save_checkpoint(str(tmp_path), 1, model, optimizer, cfg)
         with torch.no_grad():
             for p in model.parameters():
                 p.zero_()
         assert checkpoint.load_checkpoint(checkpoint.latest_checkpoint(str(tmp_path)), model, optimizer) == 1
-        assert len(os.listdir("/proc/self/task")) == threads
+        assert not set(os.listdir("/proc/self/task")) - threads  # no new thread (one of an earlier test may end)
         assert all(torch.equal(saved[k], v.full_tensor()) for k, v in model.state_dict().items())
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_keep_freed_memory_reuses_freed_blocks_without_page_faults():
     """train.keep_freed_memory: blocks of 64 MiB allocated and freed over and over, as a step's logits and casts are,
     come from the heap's freed blocks once it has them, without page faults; under glibc's default every one is a
@@ -418,12 +419,15 @@ def test_keep_freed_memory_reuses_freed_blocks_without_page_faults():
     runs = {}
     for name, gc, extra in (("kept", "off", {}), ("checkpointing", "on", {}),
                             ("own tunables", "off", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})):
+        clean = {k: v for k, v in env().items()  # glibc's defaults, and torch's: no huge pages asked for
+                 if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE")}
         out = subprocess.run([sys.executable, "-c", probe, gc], capture_output=True, text=True, cwd=ROOT,
-                             env={**env(), **extra}, timeout=HANG)
+                             env={**clean, **extra}, timeout=HANG)
         assert out.returncode == 0, out.stderr[-2000:]
         kept, faults = out.stdout.split()[-2:]
         runs[name] = (kept == "True", int(faults))
-    pages = 16 * 2**20 * 4 // os.sysconf("SC_PAGE_SIZE")  # of one block
-    assert runs["kept"][0] and runs["kept"][1] < pages // 100, runs  # the last 5 rounds: the heap's own pages
-    for name in ("checkpointing", "own tunables"):  # 5 rounds x 2 blocks mapped and faulted afresh
-        assert not runs[name][0] and runs[name][1] >= 5 * 2 * pages, (name, runs[name])
+    # the last 5 rounds: 10 blocks mapped and faulted afresh under the defaults (16k pages of 4 KiB each, or 32 where
+    # the kernel backs them with 2 MiB pages: transparent huge pages "always"), the heap's own pages when kept
+    assert runs["kept"][0] and all(not runs[name][0] for name in ("checkpointing", "own tunables")), runs
+    assert runs["checkpointing"][1] >= 10 * 32 and runs["own tunables"][1] >= 10 * 32, runs
+    assert runs["kept"][1] * 10 < min(runs["checkpointing"][1], runs["own tunables"][1]), runs
