@@ -233,6 +233,25 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
         assert x["entropy"] == pytest.approx(y["entropy"], rel=1e-5)
 
 
+
+@pytest.mark.smoke
+def test_one_rank_checkpoint_resumes_on_two_ranks(tmp_path):
+    """A one-rank checkpoint is written without DCP's collectives (checkpoint._alone); two ranks load it with theirs
+    and reshard it: the weights they export after resuming (no step left to run) are the one-rank run's, bit for
+    bit."""
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    r = torchrun(["--method", "bandkl", "--rollout", "hf", "--max-steps", "1", "--save-every", "1", "--eval-every",
+                  "0", *FAST, "--out-dir", str(run)], nproc=1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    one = load_file(run / "hf" / "model.safetensors")
+    r = torchrun(["--resume", str(run), "--max-steps", "1"], nproc=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stdout and "written by 1 ranks, resuming with 2" in r.stdout, r.stdout
+    two = load_file(run / "hf" / "model.safetensors")
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+
 BAD_FLAGS = [
     (["--method", "ppo-magic"], "unknown --method 'ppo-magic'"),
     (["--delta", "0"], "--delta must be"),
