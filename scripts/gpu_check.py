@@ -76,7 +76,7 @@ SIZES = {  # train: (steps of the first run, of the resumed run, --eval-every, m
     "full": dict(band_n=1 << 24, repeats=5, train=(30, 40, 10, []), train_vllm=(10, 15, 5, []),
                  memory=(2, 4096, 151936),
                  update=dict(model=QWEN25_1_5B, B=8, P=256, T=4096, micro=4, iters=3,
-                             real=dict(B=32, micro=4, budget=16384)),
+                             real=dict(B=32, micro=4, budgets=(16384, 32768))),
                  vllm=dict(prompts=16, n=8, tokens=32, lr=1e-3),
                  engines=dict(model=SMOLLM2, steps=6, flags=SMOLLM2_FLAGS),
                  budgets=dict(tests=60, band=150, train=270, update=150, sleep=60, vllm=150, train_vllm=150,
@@ -84,7 +84,7 @@ SIZES = {  # train: (steps of the first run, of the resumed run, --eval-every, m
     "quick": dict(band_n=1 << 18, repeats=3, train=(1, 2, 1, FAST), train_vllm=(1, 2, 1, FAST),
                   memory=(2, 256, 32768),
                   update=dict(model=TOY_QWEN, B=4, P=16, T=64, micro=2, iters=2,
-                              real=dict(B=8, micro=2, budget=160)),
+                              real=dict(B=8, micro=2, budgets=(160, 320))),
                   vllm=dict(prompts=4, n=4, tokens=12, lr=1e-3),
                   engines=dict(model=TINY, steps=1, flags=FAST),
                   # hang guards, not a 10-minute run's shares: on 2 busy cores the sections take 5-10x longer
@@ -408,7 +408,7 @@ def update_at_real_lengths(model, optimizer, conf, U, device, peak_tflops):
     real = int(S.sum())
     out = {"rows": R, "prompt": P, "response_max": T, "response_mean": round(float(resp.double().mean()), 1),
            "real_tokens": real}
-    for name, budget in (("rows", 0), ("token_budget", U["real"]["budget"])):
+    for name, budget in (("rows", 0), *((f"token_budget_{b}", b) for b in U["real"]["budgets"])):
         cfg = train_config(method="bandkl", prompts_per_step=1, mini_batch_prompts=1,
                            micro_batch_size=U["real"]["micro"], micro_batch_tokens=budget, max_new_tokens=T,
                            lr=1e-6)
