@@ -79,7 +79,7 @@ SIZES = {  # train: (steps of the first run, of the resumed run, --eval-every, m
                              real=dict(B=32, micro=4, budgets=(16384, 32768))),
                  vllm=dict(prompts=16, n=8, tokens=32, lr=1e-3),
                  engines=dict(model=SMOLLM2, steps=6, flags=SMOLLM2_FLAGS),
-                 budgets=dict(tests=60, band=150, train=270, update=150, sleep=60, vllm=150, train_vllm=150,
+                 budgets=dict(tests=60, band=150, train=270, update=150, sleep=120, vllm=150, train_vllm=150,
                               smollm2=210), deadline=570),
     "quick": dict(band_n=1 << 18, repeats=3, train=(1, 2, 1, FAST), train_vllm=(1, 2, 1, FAST),
                   memory=(2, 256, 32768),
@@ -113,10 +113,12 @@ def install_wheels():
 
 
 def add_path(folder):
-    """Put a folder of installed packages first on sys.path and on the subprocesses' PYTHONPATH (run_cmd)."""
+    """Put a folder of installed packages first on sys.path and on PYTHONPATH, which every subprocess inherits:
+    run_cmd's, and those a library spawns itself (vLLM inspects a model's class in a Python subprocess of its own)."""
     if str(folder) not in PATHS:
         PATHS.insert(0, str(folder))
         sys.path.insert(0, str(folder))
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
 
 
 def install_staged():
@@ -138,10 +140,9 @@ def install_staged():
 
 
 def run_cmd(cmd, **env):
-    """(exit code, output) of cmd run in ROOT, PATHS on PYTHONPATH, no rank variables. Past the section's budget its
+    """(exit code, output) of cmd run in ROOT, PATHS on PYTHONPATH (add_path), no rank variables. Past the section's budget its
     process group gets SIGTERM (torchrun passes it on to its workers, in sessions of their own), then SIGKILL."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **env)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*PATHS, env.get("PYTHONPATH")]))
     env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -179,3 +179,17 @@ def test_the_same_job_runs_with_both_engines(report):
     for engine in ("vllm", "hf"):
         assert sec[engine]["rollout_tokens_per_s"] > 0 and sec[engine]["time_split_s"]["step"] > 0, sec
     assert set(sec["hf_over_vllm"]) == {"rollout", "step"}
+
+
+def test_staged_packages_reach_the_subprocesses_a_library_spawns(tmp_path):
+    """A folder of staged packages put on the path (gpu_check.add_path) reaches a Python subprocess that inherits
+    the environment without gpu_check's help: vLLM inspects a model's class in one of its own, and on the GPU
+    machine, where vLLM exists only as a staged folder, that subprocess could not import it."""
+    code = ("import subprocess, sys; sys.path.insert(0, 'scripts'); import gpu_check; gpu_check.add_path(sys.argv[1]);"
+            " print(subprocess.run([sys.executable, '-c', 'import sys; print(sys.argv[1] in sys.path)', sys.argv[1]],"
+            " capture_output=True, text=True, check=True).stdout.strip())")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)  # a hang guard: two interpreter starts and torch's import
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "True"
