@@ -190,8 +190,12 @@ def markdown(table, verdict_lines, n_seeds, max_steps):
              "| train reward |",
              "|---|---|---|---|---|---|---|---|"]
     for (method, delta), runs in table.items():
-        cell = lambda key, scale=1.0, fmt=".3f": "{:{f}} ± {:{f}}".format(  # noqa: E731
-            *(scale * v for v in mean_std([x[key] for x in runs])), f=fmt)
+        def cell(key, scale=1.0, fmt=".3f"):
+            values = [x[key] for x in runs]
+            if all(math.isnan(v) for v in values):
+                return "–"  # never measured (held-out accuracy under --eval-every 0)
+            return "{:{f}} ± {:{f}}".format(*(scale * v for v in mean_std(values)), f=fmt)
+
         shown_delta = f"{delta:g}" if method.startswith("band") else "–"
         lines.append(f"| {method} | {shown_delta} | {cell('mean@n', 100, '.1f')} | {cell('pass@n', 100, '.1f')} | "
                      f"{cell('entropy')} | {cell('clip/frac', 1, '.4f')} | {cell('clip/low_p_upper_rate', 1, '.4f')} "
@@ -221,7 +225,10 @@ def plot(curves_by_config, path, title="Toy-scale comparison (mean over seeds; b
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=8)
+    # the legend on the first panel with curves (held-out accuracy has none under --eval-every 0)
+    for ax in (ax for ax in axes.flat if ax.get_legend_handles_labels()[0]):
+        ax.legend(fontsize=8)
+        break
     fig.suptitle(title)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)

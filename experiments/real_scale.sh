@@ -10,9 +10,12 @@
 #   bash experiments/real_scale.sh --prompts-per-step 4 --mini-batch-prompts 1  # train.py flags after the others
 #   REWARD=random NAME=real-scale-random bash experiments/real_scale.sh  # coin rewards: the clip's own drift
 #   PORT=29700 ...                                   # beside another comparison on the same machine
+#   ROLLOUT=vllm ...                                 # the engine (default: hf when JOBS > 1, else auto)
 #
-# JOBS runs share one device: each vLLM engine is given min(0.5, 0.85 / JOBS) of its memory
-# (--gpu-memory-utilization; train.py's default is 0.5), so that nine engines on one GPU do not ask for half each.
+# JOBS runs share one device, and with JOBS > 1 they roll out with the HF engine (ROLLOUT=hf): vLLM 0.26 sizes its
+# KV cache from how much the GPU's used memory grew while it profiled, so engines starting together count each
+# other's memory and some find none left (measured on one H100 with JOBS=6: three of six engines stopped;
+# docs/gpu.md). ROLLOUT=vllm JOBS>1 still runs, each engine given min(0.5, 0.85 / JOBS) of the device's memory.
 #
 # Runs resume where they stopped (compare.py); a finished protocol re-tabulates. The model must be built first
 # (make smollm2; on a GPU machine without network access: scripts/gpu_stage.py, docs/gpu.md).
@@ -24,6 +27,7 @@ STEPS=${STEPS:-100}
 JOBS=${JOBS:-1}
 NAME=${NAME:-real-scale}
 REWARD=${REWARD:-math-verify}
+ROLLOUT=${ROLLOUT:-$([ "$JOBS" -gt 1 ] && echo hf || echo auto)}
 GPU_SHARE=$(awk -v j="$JOBS" 'BEGIN { s = 0.85 / j; printf "%.3f", (s < 0.5 ? s : 0.5) }')
 $PY experiments/compare.py --methods clip,noclip,bandkl --bandkl-deltas "" --seeds "$SEEDS" --max-steps "$STEPS" \
     --nproc 1 --jobs "$JOBS" --master-port "${PORT:-29600}" --reward "$REWARD" --runs-dir "runs/$NAME" --results "experiments/results/$NAME" \
@@ -31,5 +35,5 @@ $PY experiments/compare.py --methods clip,noclip,bandkl --bandkl-deltas "" --see
     -- --model models/smollm2-135m-instruct --data arithmetic-instruct:1,3 --prompts-per-step 8 --group-size 16 \
     --mini-batch-prompts 2 --micro-batch-size 32 --max-new-tokens 64 --max-prompt-len 64 --lr 2e-5 \
     --kl-coef 0.001 --no-grad-checkpointing --share-prompt --eval-prompts 64 --eval-n 4 --eval-every 10 \
-    --save-every 10 --keep-checkpoints 1 --gpu-memory-utilization "$GPU_SHARE" "$@"
+    --save-every 10 --keep-checkpoints 1 --rollout "$ROLLOUT" --gpu-memory-utilization "$GPU_SHARE" "$@"
 $PY experiments/horizon.py "runs/$NAME" --results "experiments/results/$NAME" --figure "figures/${NAME}_horizon.png"

@@ -521,3 +521,14 @@ def test_one_seed_reports_the_manipulation_check_without_a_reading():
     other = arm([0.15], clips=[0])
     other[0]["seed"] = "1"
     assert "no-clip ran another seed" in verdicts.one_seed_check(table(noclip=other, clip=arm([0.1])))[0]
+
+
+def test_table_shows_a_dash_for_what_no_run_measured():
+    """A protocol run without held-out evaluation (--eval-every 0) has no accuracy: its cells read "–", not
+    "nan ± nan"; the measured columns keep their mean ± std."""
+    run = {"mean@n": math.nan, "pass@n": math.nan, "entropy": 2.5, "clip/frac": 0.01, "clip/low_p_upper_rate": 0.02,
+           "reward/mean": 0.5, "reward": "random"}
+    table = {("clip", 0.05): [run, dict(run, entropy=3.5)]}
+    row = next(line for line in compare.markdown(table, [], 2, 12).splitlines() if line.startswith("| clip"))
+    assert row.split(" | ")[2:4] == ["–", "–"]
+    assert "3.000 ± 0.707" in row  # entropy: mean and sample std of 2.5 and 3.5, by hand
