@@ -33,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from verdicts import (DEFAULT_REWARD, ONE_SEED, SUMMARY_WINDOWS, VERDICT_WINDOWS, WINDOWS, arm_name,  # noqa: E402
-                      at_window, is_random, mean_std, one_seed_check, regime, verdicts)
+                      at_window, is_random, mean_std, mean_std_cell, one_seed_check, regime, verdicts)
 from verdicts import entropy_control, random_control  # noqa: E402,F401 (re-exported)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,12 +190,7 @@ def markdown(table, verdict_lines, n_seeds, max_steps):
              "| train reward |",
              "|---|---|---|---|---|---|---|---|"]
     for (method, delta), runs in table.items():
-        def cell(key, scale=1.0, fmt=".3f"):
-            values = [x[key] for x in runs]
-            if all(math.isnan(v) for v in values):
-                return "–"  # never measured (held-out accuracy under --eval-every 0)
-            return "{:{f}} ± {:{f}}".format(*(scale * v for v in mean_std(values)), f=fmt)
-
+        cell = lambda key, scale=1.0, fmt=".3f": mean_std_cell([x[key] for x in runs], scale, fmt)  # noqa: E731
         shown_delta = f"{delta:g}" if method.startswith("band") else "–"
         lines.append(f"| {method} | {shown_delta} | {cell('mean@n', 100, '.1f')} | {cell('pass@n', 100, '.1f')} | "
                      f"{cell('entropy')} | {cell('clip/frac', 1, '.4f')} | {cell('clip/low_p_upper_rate', 1, '.4f')} "

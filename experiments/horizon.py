@@ -35,7 +35,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import clip_counts, load_tables, plot_seeds, run_reward  # noqa: E402
 from verdicts import (ONE_SEED, SUMMARY_WINDOWS, TESTABLE, VERDICT_WINDOWS, arm_name, at_window, ci,  # noqa: E402
-                      entropy_control, is_random, mean_std, one_seed_check, regime, t_interval, verdicts)
+                      entropy_control, is_random, mean_std, mean_std_cell, one_seed_check, regime, t_interval,
+                      verdicts)
 
 WINDOW = 10      # steps in a trailing mean (per-step metrics come from 256 completions: noisy one by one)
 LAST_EVALS = 3   # evaluations averaged into the final accuracy
@@ -104,7 +105,8 @@ def summarize(series, window=WINDOW):
             **{f"band/out_{side}_frac_p{b}": whole(f"band/out_{side}_frac_p{b}")
                for side in ("upper", "lower") for b in BINS},
             **{f"clip/frac_p{b}": whole(f"clip/frac_p{b}") for b in BINS},
-            **{f"{k}@{w}": at_window([v for _, v in series.get(k, [])], w) for k, ws in SUMMARY_WINDOWS.items() for w in ws}}
+            **{f"{k}@{w}": at_window([v for _, v in series.get(k, [])], w)
+               for k, ws in SUMMARY_WINDOWS.items() for w in ws}}
 
 
 def milestones(horizon, parts=6):
@@ -174,8 +176,7 @@ def entropy_collapse_verdicts(table, horizon, reading=None):
 
 
 def markdown(table, lines, horizon, n_seeds):
-    cell = lambda runs, key, scale=1.0, fmt=".3f": "{:{f}} ± {:{f}}".format(  # noqa: E731
-        *(scale * v for v in mean_std([x[key] for x in runs])), f=fmt)
+    cell = lambda runs, key, scale=1.0, fmt=".3f": mean_std_cell([x[key] for x in runs], scale, fmt)  # noqa: E731
     reward = regime(table)
     coins = f" Training rewards: coins (--reward {reward})." if is_random(reward) else ""
     out = [f"{n_seeds} seeds x {horizon} steps; mean ± std over seeds. Entropy: step 1 and the mean of the last "

@@ -46,6 +46,13 @@ def mean_std(xs):
     return m, sd
 
 
+def mean_std_cell(values, scale=1.0, fmt=".3f"):
+    """A table cell: 'mean ± std' of the measured values (scaled), '–' where no run measured it (held-out
+    accuracy under --eval-every 0)."""
+    m, sd = mean_std(values)
+    return "–" if math.isnan(m) else f"{scale * m:{fmt}} ± {scale * sd:{fmt}}"
+
+
 
 def t975(df):
     """Student's t 0.975 quantile: the table to df 30, then z + (z^3 + z) / 4df + ... (within 1e-3 there)."""

@@ -140,8 +140,9 @@ def install_staged():
 
 
 def run_cmd(cmd, **env):
-    """(exit code, output) of cmd run in ROOT, PATHS on PYTHONPATH (add_path), no rank variables. Past the section's budget its
-    process group gets SIGTERM (torchrun passes it on to its workers, in sessions of their own), then SIGKILL."""
+    """(exit code, output) of cmd run in ROOT, PATHS on PYTHONPATH (add_path), no rank variables. Past the section's
+    budget its process group gets SIGTERM (torchrun passes it on to its workers, in sessions of their own), then
+    SIGKILL."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **env)
     env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -388,9 +389,10 @@ def section_update(args, size, out):
 
 def update_at_real_lengths(model, optimizer, conf, U, device, peak_tflops):
     """The update at long-tailed response lengths (seeded Exponential with mean T/4, clipped to [1, T]: most
-    responses short, a few at the limit): row micro-batches in rollout order against a token budget (rows sorted by length), each
-    with activation checkpointing on and off. Per setting: padded vs real tokens, real tokens/s, MFU on real tokens
-    (model FLOPs of the real tokens only; recomputation not counted), peak memory; "oom" where it does not fit."""
+    responses short, a few at the limit): row micro-batches in rollout order against token budgets (rows sorted by
+    length), each with activation checkpointing on and off. Per setting: padded vs real tokens, real tokens/s, MFU on
+    real tokens (model FLOPs of the real tokens only; recomputation not counted), peak memory; "oom" where it does not
+    fit."""
     import policy
     import train
     from logprobs import RolloutBatch
