@@ -221,9 +221,9 @@ def plot(curves_by_config, path, title="Toy-scale comparison (mean over seeds; b
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     # the legend on the first panel with curves (held-out accuracy has none under --eval-every 0)
-    for ax in (ax for ax in axes.flat if ax.get_legend_handles_labels()[0]):
-        ax.legend(fontsize=8)
-        break
+    first = next((a for a in axes.flat if a.get_legend_handles_labels()[0]), None)
+    if first is not None:
+        first.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)

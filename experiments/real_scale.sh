@@ -10,12 +10,12 @@
 #   bash experiments/real_scale.sh --prompts-per-step 4 --mini-batch-prompts 1  # train.py flags after the others
 #   REWARD=random NAME=real-scale-random bash experiments/real_scale.sh  # coin rewards: the clip's own drift
 #   PORT=29700 ...                                   # beside another comparison on the same machine
-#   ROLLOUT=vllm ...                                 # the engine (default: hf when JOBS > 1, else auto)
+#   ROLLOUT=vllm ...                                 # the engine (default: hf for JOBS > 1 on a GPU, else auto)
 #
-# JOBS runs share one device, and with JOBS > 1 they roll out with the HF engine (ROLLOUT=hf): vLLM 0.26 sizes its
-# KV cache from how much the GPU's used memory grew while it profiled, so engines starting together count each
-# other's memory and some find none left (measured on one H100 with JOBS=6: three of six engines stopped;
-# docs/gpu.md). ROLLOUT=vllm JOBS>1 still runs, each engine given min(0.5, 0.85 / JOBS) of the device's memory.
+# JOBS runs share one device. On a GPU with JOBS > 1 they roll out with the HF engine (ROLLOUT=hf): vLLM counts the
+# whole GPU's memory growth while it starts as its own, so engines starting together shrink each other's KV cache
+# (on one H100 with JOBS=6, three of six engines stopped: docs/gpu.md). ROLLOUT=vllm still runs them, each engine
+# given min(0.5, 0.85 / JOBS) of the device's memory.
 #
 # Runs resume where they stopped (compare.py); a finished protocol re-tabulates. The model must be built first
 # (make smollm2; on a GPU machine without network access: scripts/gpu_stage.py, docs/gpu.md).
@@ -27,7 +27,10 @@ STEPS=${STEPS:-100}
 JOBS=${JOBS:-1}
 NAME=${NAME:-real-scale}
 REWARD=${REWARD:-math-verify}
-ROLLOUT=${ROLLOUT:-$([ "$JOBS" -gt 1 ] && echo hf || echo auto)}
+if [ -z "${ROLLOUT:-}" ]; then  # several jobs on a GPU: the HF engine (above); else train.py's default
+    ROLLOUT=auto
+    if [ "$JOBS" -gt 1 ] && $PY -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then ROLLOUT=hf; fi
+fi
 GPU_SHARE=$(awk -v j="$JOBS" 'BEGIN { s = 0.85 / j; printf "%.3f", (s < 0.5 ? s : 0.5) }')
 $PY experiments/compare.py --methods clip,noclip,bandkl --bandkl-deltas "" --seeds "$SEEDS" --max-steps "$STEPS" \
     --nproc 1 --jobs "$JOBS" --master-port "${PORT:-29600}" --reward "$REWARD" --runs-dir "runs/$NAME" --results "experiments/results/$NAME" \

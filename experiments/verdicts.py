@@ -53,7 +53,6 @@ def mean_std_cell(values, scale=1.0, fmt=".3f"):
     return "–" if math.isnan(m) else f"{scale * m:{fmt}} ± {scale * sd:{fmt}}"
 
 
-
 def t975(df):
     """Student's t 0.975 quantile: the table to df 30, then z + (z^3 + z) / 4df + ... (within 1e-3 there)."""
     if df <= len(T975):

@@ -183,13 +183,16 @@ def test_the_same_job_runs_with_both_engines(report):
 
 def test_staged_packages_reach_the_subprocesses_a_library_spawns(tmp_path):
     """A folder of staged packages put on the path (gpu_check.add_path) reaches a Python subprocess that inherits
-    the environment without gpu_check's help: vLLM inspects a model's class in one of its own, and on the GPU
-    machine, where vLLM exists only as a staged folder, that subprocess could not import it."""
+    the environment without gpu_check's help (vLLM inspects a model's class in one of its own, and on the GPU
+    machine, where vLLM exists only as a staged folder, that subprocess could not import it), and the check's own
+    subprocesses (run_cmd: pytest, torchrun)."""
+    probe = "import sys; print(sys.argv[1] in sys.path)"
     code = ("import subprocess, sys; sys.path.insert(0, 'scripts'); import gpu_check; gpu_check.add_path(sys.argv[1]);"
-            " print(subprocess.run([sys.executable, '-c', 'import sys; print(sys.argv[1] in sys.path)', sys.argv[1]],"
-            " capture_output=True, text=True, check=True).stdout.strip())")
+            f" print(subprocess.run([sys.executable, '-c', {probe!r}, sys.argv[1]], capture_output=True, text=True,"
+            " check=True).stdout.strip());"
+            f" print(gpu_check.run_cmd([sys.executable, '-c', {probe!r}, sys.argv[1]])[1].strip())")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=120)  # a hang guard: two interpreter starts and torch's import
+                       timeout=120)  # a hang guard: three interpreter starts and torch's import
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == "True"
+    assert r.stdout.split() == ["True", "True"]
