@@ -35,6 +35,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gener
                           TopPLogitsWarper)
 
 import data
+import vllm_cpu_sleep
 import vllm_logging
 from precision import resolve_dtype
 
@@ -189,6 +190,7 @@ class VLLMEngine:
         self.dtype = getattr(torch, dtype)
         # put to sleep here and not woken since: this wrapper's calls, not vLLM's answers
         self.asleep_tags = set()
+        self.weights_dropped = False  # by a level-2 sleep, until sync_weights loads them again
 
     @property
     def asleep(self):
@@ -199,6 +201,8 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         _check_inputs(prompts, n, sampling, self.max_model_len)
+        if self.weights_dropped:
+            raise RuntimeError("the engine's weights were dropped by sleep(level=2): sync_weights first")
         params = SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
                                 max_tokens=sampling.max_new_tokens,
                                 # 0: just the sampled token's
@@ -220,17 +224,19 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def sleep(self, level=2):
-        """Free the GPU for the update. Level 2 drops weights and KV cache (level 1 would first copy
-        the weights to host memory, for nothing: sync_weights overwrites them). On CPU the call
-        still reaches vLLM, which pauses its scheduler and keeps its memory (its CPU worker: "sleep
-        mode is not supported on CPU"), so the states are the same as on GPU. A training step:
-        generate -> sleep -> policy update -> wake_up(["weights"]) -> sync_weights ->
-        wake_up(["kv_cache"])."""
+        """Free the engine's memory for the update. Level 2 drops weights and KV cache (level 1 would
+        first copy the weights to host memory, for nothing: sync_weights overwrites them). On CPU
+        vLLM only pauses its scheduler ("sleep mode is not supported on CPU"), and
+        vllm_cpu_sleep frees the same two there. A training step: generate -> sleep -> policy
+        update -> wake_up(["weights"]) -> sync_weights -> wake_up(["kv_cache"])."""
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         if not self.asleep_tags:
             self.llm.sleep(level=level)
+            if not self.frees_memory:
+                self.llm.collective_rpc(vllm_cpu_sleep.free, args=(level,))
             self.asleep_tags = {"weights", "kv_cache"}
+            self.weights_dropped = level == 2
 
     def wake_up(self, tags=None):
         """Reallocate "weights", "kv_cache" or (None) both: waking the weights alone before the sync
@@ -238,6 +244,8 @@ class VLLMEngine:
         passed on. The state follows the calls made, never LLM.wake_up's return value: vllm
         0.22-0.26 return None, 0.32 "fully awake"."""
         wake = sorted(self.asleep_tags if tags is None else self.asleep_tags & set(tags))
+        if "kv_cache" in wake and not self.frees_memory:
+            self.llm.collective_rpc(vllm_cpu_sleep.restore_kv_cache)
         if wake:
             self.llm.wake_up(wake)
             self.asleep_tags -= set(wake)
@@ -439,6 +447,7 @@ def sync_weights(engine, model):
     engine.llm.collective_rpc("reload_weights",
                               kwargs={"weights_iterator": _full_parameters(model, engine.dtype),
                                       "is_checkpoint_format": True})
+    engine.weights_dropped = False
     engine.reset_prefix_cache()
 
 

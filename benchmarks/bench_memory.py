@@ -1,7 +1,8 @@
 """Where a training process's memory goes: resident memory after each phase of train.py's set-up and step.
 
 Builds what `train.py` builds, in its order, in one process (1 rank, gloo): the FSDP2 model, AdamW, the vLLM engine
-(or none with --rollout hf), then one rollout of the real shape and two updates on it, and prints the resident set
+(or none with --rollout hf), then one rollout of the real shape, the engine's sleep, two updates on it and the
+weight sync with the engine's wake-up, and prints the resident set
 (RSS, /proc/self/statm) and the peak so far (ru_maxrss) after each phase, with what the phase should cost by
 arithmetic (parameters x bytes). Defaults: SmolLM2-135M-Instruct, the shape of benchmarks/bench_real_step.py
 (8 GSM8K prompts x 4 samples, 64 new tokens, micro-batch 8, one mini-batch), train.py's default flags.
@@ -88,6 +89,8 @@ def main():
     completions = engine.generate(ids, cfg.group_size, rollout.Sampling(max_new_tokens=cfg.max_new_tokens, seed=0,
                                                                         logprobs=True))
     row(f"+ rollout ({time.time() - t:.0f} s)")
+    engine.sleep()  # as train.py: the engine's weights and KV cache freed for the update (rollout.VLLMEngine.sleep)
+    row("+ engine asleep")
     batch = pack(ids, completions, device)
     rewards = torch.rand(len(completions))
     adv = grpo.group_advantages(rewards, cfg.group_size)
@@ -99,7 +102,9 @@ def main():
     t = time.time()
     train.update_policy(model, optimizer, cfg, batch, adv, old)
     row(f"+ update 2 ({time.time() - t:.0f} s)")
+    engine.wake_up(["weights"])
     rollout.sync_weights(engine, model)
+    engine.wake_up(["kv_cache"])
     row("+ weight sync")
     engine.close()
 

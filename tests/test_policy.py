@@ -371,3 +371,31 @@ def test_weights_sent_after_a_no_grad_forward_are_the_fp32_master_weights(group)
     assert master.keys() <= sent.keys()
     for name, tensor in sent.items():
         assert tensor.dtype == torch.float32 and torch.equal(tensor, master[name]), name
+
+
+@pytest.mark.parametrize("train_dtype", ["float32", "bfloat16"])
+def test_checkpointing_updates_the_weights_bit_for_bit(group, train_dtype):
+    """Activation checkpointing (with which one rank also reshards its weights after each forward, policy.build_model)
+    changes where the update's memory goes, not what it computes: two mini-batches of AdamW steps leave the same
+    bits in every weight as the update without it, in float32 and in bf16 compute. The recomputed forward runs the
+    same kernels on the same inputs, and a re-gathered weight is the same cast of the same fp32 master weight."""
+    ids, attn, mask, P = batch(seed=5, B=8, P=7, T=9)
+    adv = torch.linspace(-1.0, 1.2, 8)
+    weights, old = [], None
+    for ckpt in (False, True):
+        cfg = train.Config(method="bandkl", model=rollout.DEFAULT_MODEL, prompts_per_step=4, mini_batch_prompts=2,
+                           group_size=2, micro_batch_size=2, max_new_tokens=9, lr=1e-3, train_dtype=train_dtype,
+                           grad_checkpointing=ckpt)
+        torch.manual_seed(0)
+        model = policy.build_model(cfg, torch.device("cpu"))
+        opt = policy.make_optimizer(model, cfg)
+        b = RolloutBatch(ids, attn, mask, P)
+        if old is None:  # the same π_old for both
+            with torch.no_grad():
+                old, _ = policy.batch_logprobs(model, cfg, b)
+        sums, skipped, _ = policy.update_policy(model, opt, cfg, b, adv, old)
+        assert skipped == 0
+        weights.append({k: v.full_tensor().clone() for k, v in model.state_dict().items()})
+    before = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32).state_dict()
+    assert max((weights[0][k] - before[k]).abs().max().item() for k in before) > 1e-4  # the update moved them
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

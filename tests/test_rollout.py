@@ -8,6 +8,7 @@ seconds in-process).
 
 import copy
 import math
+import os
 
 import pytest
 import torch
@@ -204,6 +205,52 @@ def test_vllm_sleep_wake_keeps_the_engine_output(vllm_engine, hf_model, prompts)
     assert moved <= tol, (moved, tol)
 
 
+def _resident_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@needs_vllm
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads resident memory from /proc")
+def test_vllm_cpu_sleep_frees_the_kv_cache_and_drops_the_weights(vllm_engine, hf_model, prompts):
+    """On a CPU, where vLLM's own sleep frees nothing, a level-2 sleep gives the KV cache's memory back to the system
+    (resident memory falls by at least its size, less 32 MiB for what the call itself allocates) and drops the
+    packed weights: generating before the sync that loads them again is refused with a clear error, and after it
+    the engine samples what it sampled before (test_vllm_sleep_wake_keeps_the_engine_output)."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU vLLM's own sleep frees the memory (scripts/gpu_check.py)")
+    sampling = Sampling(max_new_tokens=8, seed=5)
+    kv_bytes = vllm_engine.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
+    # every page of the cache resident, as vLLM leaves it at start (it zeroes the cache): after an earlier sleep
+    # the re-allocated cache is resident only where it has been written
+    vllm_engine.llm.collective_rpc(lambda worker: [cache.zero_() for cache in worker.model_runner.kv_caches])
+    try:
+        before = _resident_bytes()
+        vllm_engine.sleep()
+        assert before - _resident_bytes() >= kv_bytes - 32 * 2**20, (before - _resident_bytes(), kv_bytes)
+        vllm_engine.wake_up()
+        with pytest.raises(RuntimeError, match="dropped by sleep.*sync_weights first"):
+            vllm_engine.generate(prompts[:1], 1, sampling)
+    finally:
+        vllm_engine.wake_up()
+        rollout.sync_weights(vllm_engine, hf_model)
+    assert len(vllm_engine.generate(prompts[:1], 1, sampling)) == 1
+
+
+@needs_vllm
+def test_vllm_level_1_sleep_keeps_the_weights(vllm_engine, prompts):
+    """A level-1 sleep keeps the weights: the engine serves after its wake-up without a sync, from a KV cache that
+    (on a CPU) was freed and allocated again, and samples what it sampled before from the same prompts, token for
+    token and log-prob for log-prob."""
+    sampling = Sampling(max_new_tokens=12, seed=4, logprobs=True)
+    before = vllm_engine.generate(prompts, 2, sampling)
+    vllm_engine.sleep(level=1)
+    vllm_engine.wake_up()
+    after = vllm_engine.generate(prompts, 2, sampling)
+    assert [c.token_ids for c in after] == [c.token_ids for c in before]
+    assert [c.logprobs for c in after] == [c.logprobs for c in before]
+
+
 class _WakeUpReturnsNone:
     """The installed LLM with vllm 0.22-0.26's wake_up, `self.llm_engine.wake_up(tags)` without a return (read in
     vllm 0.26.0's vllm/entrypoints/llm.py): every call goes to the real engine, only the return value is dropped, as
@@ -221,7 +268,7 @@ class _WakeUpReturnsNone:
 
 @needs_vllm
 @pytest.mark.parametrize("api", ["installed", "wake_up returns None (vllm 0.22-0.26)"])
-def test_vllm_second_sleep_after_wake_reaches_the_engine(api, vllm_engine, prompts):
+def test_vllm_second_sleep_after_wake_reaches_the_engine(api, vllm_engine, hf_model, prompts):
     """The wrapper's sleep state follows the calls it made, whatever LLM.wake_up returns: after a sleep and a full
     wake (in the two stages of a training step) the next sleep reaches vLLM again. Checked against the engine's own
     state, `LLMEngine.is_sleeping()` (vLLM's executor records the tags put to sleep, on CPU too), after every call.
@@ -236,10 +283,12 @@ def test_vllm_second_sleep_after_wake_reaches_the_engine(api, vllm_engine, promp
             call()
             states.append((vllm_engine.asleep, llm.llm_engine.is_sleeping()))
         assert states == [(True, True), (True, True), (False, False), (True, True), (False, False)], states
+        rollout.sync_weights(vllm_engine, hf_model)  # a level-2 sleep dropped the weights
         assert len(vllm_engine.generate(prompts[:1], 1, Sampling(max_new_tokens=4))) == 1  # awake: it serves
     finally:
         vllm_engine.llm = llm
         vllm_engine.wake_up()
+        rollout.sync_weights(vllm_engine, hf_model)
 
 
 # --- bad input -----------------------------------------------------------------------------------------------------

