@@ -510,7 +510,7 @@ def section_sleep(args, size, out):
             logp, _ = sequence_logprobs(model, b.input_ids, b.attn, b.n_prompt, 64)   # (B, T)
         return ((b.engine_logp - logp).abs() * b.mask).sum().item() / b.mask.sum().item()
 
-    res = {"vllm": vllm.__version__, "sleep_mode": engine.frees_memory or "pauses the scheduler, frees nothing",
+    res = {"vllm": vllm.__version__, "sleep_mode": "vLLM's" if engine.frees_memory else "vllm_cpu_sleep",
            "logprob_diff_before_sync": logprob_diff(), "s": {}}
     for name, fn in {"sleep": engine.sleep, "wake weights": lambda: engine.wake_up(["weights"]),
                      "sync": lambda: rollout.sync_weights(engine, model),
@@ -604,7 +604,12 @@ def vllm_worker(args, size, out):
     res["logprobs_before_update"], batch, e0, t0 = compare(comps)
 
     # --- a training step: sleep, update, wake the weights, sync, wake the KV cache ---
-    free_gib = lambda: torch.cuda.mem_get_info(device)[0] / 2**30 if cuda else None  # noqa: E731
+    def free_gib():  # the device's free memory; on CPU less this process's resident memory (vllm_cpu_sleep)
+        if cuda:
+            return torch.cuda.mem_get_info(device)[0] / 2**30
+        with open("/proc/self/statm") as f:
+            return -int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+
     seconds, freed, states = {}, {}, {}
     adv = torch.randn(len(comps), generator=torch.Generator().manual_seed(0)).to(device)  # (B,) stand-in rewards
     for name, fn in {"sleep": engine.sleep,
@@ -619,15 +624,16 @@ def vllm_worker(args, size, out):
         if cuda:
             torch.cuda.synchronize()
         seconds[name] = round(time.perf_counter() - t_start, 4)
-        freed[name] = round(free_gib() - before, 3) if cuda else None  # > 0: memory given back to the device
+        freed[name] = round(free_gib() - before, 3)  # > 0: memory given back to the device (the system)
         states[name] = engine.llm.llm_engine.is_sleeping()
     res["s"] = seconds
     res["engine_sleeping_after"] = states  # vLLM's own state: True after sleep and the weights' wake only
-    res["memory_gib"] = ({"device_total": round(torch.cuda.mem_get_info(device)[1] / 2**30, 1), **{
+    res["memory_gib"] = {
+        "device_total": round(torch.cuda.mem_get_info(device)[1] / 2**30, 1) if cuda else "CPU: resident memory",
         "freed_by_sleep": freed["sleep"], "taken_by_wake_weights": -freed["wake weights"],
         "taken_by_wake_kv_cache": -freed["wake kv cache"],
         "regained_of_freed": round((-freed["wake weights"] - freed["wake kv cache"]) / freed["sleep"], 3)
-        if freed["sleep"] else None}} if cuda else "no CUDA: sleep pauses vLLM's scheduler and frees nothing")
+        if freed["sleep"] else None}
 
     # --- the sync, checked: the update moved the trainer; the engine follows it ---
     with torch.no_grad():
