@@ -121,8 +121,8 @@ def build_model(cfg, device, trainable=True):
     # every weight again for the backward and for each further model call (a shared-prompt forward
     # makes two, a no-grad pass one per micro-batch). Kept unsharded until the backward is done:
     # one compute-dtype copy of the weights (SmolLM2 in bf16: 0.27 GB) for ~12% of an update
-    # (docs/benchmarks.md). Under checkpointing, chosen where memory is short, the copy goes too
-    # (the backward's recomputation gathers each layer again anyway). On N ranks resharding is
+    # (docs/benchmarks.md). Under checkpointing, chosen where memory is short, the copy goes too,
+    # at the price of one more copy and cast per layer in the backward. On N ranks resharding is
     # what saves the memory.
     reshard = dist.get_world_size() > 1 or bool(trainable and cfg.grad_checkpointing)
     for layer in model.model.layers:

@@ -185,7 +185,7 @@ class VLLMEngine:
                        logprobs_mode="processed_logprobs", use_tqdm_on_load=False, **memory, **spmd)
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
-        # sleep frees the GPU; on CPU it only pauses vLLM's scheduler (see sleep)
+        # vLLM's own sleep frees the GPU; on CPU it pauses the scheduler and vllm_cpu_sleep frees
         self.frees_memory = cuda
         self.dtype = getattr(torch, dtype)
         # put to sleep here and not woken since: this wrapper's calls, not vLLM's answers
@@ -201,8 +201,12 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         _check_inputs(prompts, n, sampling, self.max_model_len)
+        if self.asleep_tags:  # vLLM's scheduler stays paused until all is awake: it would wait
+            raise RuntimeError(f"the engine is asleep ({', '.join(sorted(self.asleep_tags))}): "
+                               f"wake_up first")
         if self.weights_dropped:
-            raise RuntimeError("the engine's weights were dropped by sleep(level=2): sync_weights first")
+            raise RuntimeError("the engine's weights were dropped by sleep(level=2): "
+                               "sync_weights first")
         params = SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
                                 max_tokens=sampling.max_new_tokens,
                                 # 0: just the sampled token's
@@ -224,9 +228,9 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def sleep(self, level=2):
-        """Free the engine's memory for the update. Level 2 drops weights and KV cache (level 1 would
-        first copy the weights to host memory, for nothing: sync_weights overwrites them). On CPU
-        vLLM only pauses its scheduler ("sleep mode is not supported on CPU"), and
+        """Free the engine's memory for the update. Level 2 drops weights and KV cache (level 1
+        would first copy the weights to host memory, for nothing: sync_weights overwrites them).
+        On CPU vLLM only pauses its scheduler ("sleep mode is not supported on CPU"), and
         vllm_cpu_sleep frees the same two there. A training step: generate -> sleep -> policy
         update -> wake_up(["weights"]) -> sync_weights -> wake_up(["kv_cache"])."""
         if level not in (1, 2):
@@ -236,7 +240,7 @@ class VLLMEngine:
             if not self.frees_memory:
                 self.llm.collective_rpc(vllm_cpu_sleep.free, args=(level,))
             self.asleep_tags = {"weights", "kv_cache"}
-            self.weights_dropped = level == 2
+            self.weights_dropped = self.weights_dropped or level == 2  # until a sync loads them
 
     def wake_up(self, tags=None):
         """Reallocate "weights", "kv_cache" or (None) both: waking the weights alone before the sync
@@ -426,12 +430,13 @@ def _full_parameters(model, dtype=None):
 def sync_weights(engine, model):
     """Push `model`'s current weights into `engine`, streaming one full tensor at a time.
 
-    Tested with vllm-cpu 0.32.0 (CPU) -- the one version-fragile function of the project. vLLM: the
-    worker method `reload_weights(weights_iterator=...)` runs the model's own `load_weights` (which
-    maps HF names onto vLLM's fused qkv / gate-up layers). With the in-process engine,
-    collective_rpc calls it directly with our generator, so only one gathered parameter exists at a
-    time. `llm.apply_model(lambda m: m.load_weights(...))` fails on CPU in this version. The prefix
-    cache holds KV computed with the old weights, so it is reset.
+    Tested with vllm-cpu 0.32.0 (CPU) -- with vllm_cpu_sleep, the version-fragile code of the
+    project. vLLM: the worker method `reload_weights(weights_iterator=...)` runs the model's own
+    `load_weights` (which maps HF names onto vLLM's fused qkv / gate-up layers) and re-packs every
+    layer it loads. With the in-process engine, collective_rpc calls it directly with our generator,
+    so only one gathered parameter exists at a time. `llm.apply_model(lambda m:
+    m.load_weights(...))` fails on CPU in this version. The prefix cache holds KV computed with the
+    old weights, so it is reset.
     Under FSDP2 every rank calls this (full_tensor() is a collective), each with its own colocated
     engine.
     """
@@ -447,6 +452,11 @@ def sync_weights(engine, model):
     engine.llm.collective_rpc("reload_weights",
                               kwargs={"weights_iterator": _full_parameters(model, engine.dtype),
                                       "is_checkpoint_format": True})
+    if not engine.frees_memory:  # every layer whose weights vllm_cpu_sleep dropped, packed again
+        unpacked = engine.llm.collective_rpc(vllm_cpu_sleep.unpacked_layers)[0]
+        if unpacked:
+            raise RuntimeError(f"the weight sync left {len(unpacked)} layer(s) without weights, "
+                               f"e.g. {unpacked[:3]}")
     engine.weights_dropped = False
     engine.reset_prefix_cache()
 

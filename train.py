@@ -367,7 +367,7 @@ def main(argv=None):
                 and any(c.logprobs is None for c in completions)):
             raise RuntimeError(f"--old-logp {cfg.old_logp} --rollout-is {cfg.rollout_is} needs the "
                                f"engine's log-probs, and {type(engine).__name__} returned none")
-        engine.sleep()  # on GPU the engine gives its memory to the trainer until the weight sync
+        engine.sleep()  # the engine gives its memory to the trainer until the weight sync
         t_rollout = time.time()
 
         # --- rewards and advantages ---

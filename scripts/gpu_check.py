@@ -629,7 +629,8 @@ def vllm_worker(args, size, out):
     res["s"] = seconds
     res["engine_sleeping_after"] = states  # vLLM's own state: True after sleep and the weights' wake only
     res["memory_gib"] = {
-        "device_total": round(torch.cuda.mem_get_info(device)[1] / 2**30, 1) if cuda else "CPU: resident memory",
+        "measured": "the GPU's free memory" if cuda else "the process's resident memory (vllm_cpu_sleep)",
+        "device_total": round(torch.cuda.mem_get_info(device)[1] / 2**30, 1) if cuda else None,
         "freed_by_sleep": freed["sleep"], "taken_by_wake_weights": -freed["wake weights"],
         "taken_by_wake_kv_cache": -freed["wake kv cache"],
         "regained_of_freed": round((-freed["wake weights"] - freed["wake kv cache"]) / freed["sleep"], 3)

@@ -11,6 +11,7 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 import grpo
@@ -375,8 +376,8 @@ def test_weights_sent_after_a_no_grad_forward_are_the_fp32_master_weights(group)
 
 @pytest.mark.parametrize("train_dtype", ["float32", "bfloat16"])
 def test_checkpointing_updates_the_weights_bit_for_bit(group, train_dtype):
-    """Activation checkpointing (with which one rank also reshards its weights after each forward, policy.build_model)
-    changes where the update's memory goes, not what it computes: two mini-batches of AdamW steps leave the same
+    """Activation checkpointing (with which one rank also reshards its weights after each forward, policy.build_model:
+    checked) changes where the update's memory goes, not what it computes: two mini-batches of AdamW steps leave the same
     bits in every weight as the update without it, in float32 and in bf16 compute. The recomputed forward runs the
     same kernels on the same inputs, and a re-gathered weight is the same cast of the same fp32 master weight."""
     ids, attn, mask, P = batch(seed=5, B=8, P=7, T=9)
@@ -390,9 +391,12 @@ def test_checkpointing_updates_the_weights_bit_for_bit(group, train_dtype):
         model = policy.build_model(cfg, torch.device("cpu"))
         opt = policy.make_optimizer(model, cfg)
         b = RolloutBatch(ids, attn, mask, P)
-        if old is None:  # the same π_old for both
-            with torch.no_grad():
-                old, _ = policy.batch_logprobs(model, cfg, b)
+        with torch.no_grad():
+            logp, _ = policy.batch_logprobs(model, cfg, b)
+        old = logp if old is None else old  # the same π_old for both
+        # after a forward one rank keeps its layers unsharded (plain tensors) for speed, or reshards them (the
+        # parameters FSDP2 registers are DTensors again) where checkpointing says memory is short
+        assert isinstance(model.model.layers[0].mlp.down_proj.weight, DTensor) == ckpt
         sums, skipped, _ = policy.update_policy(model, opt, cfg, b, adv, old)
         assert skipped == 0
         weights.append({k: v.full_tensor().clone() for k, v in model.state_dict().items()})
