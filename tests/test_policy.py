@@ -377,9 +377,9 @@ def test_weights_sent_after_a_no_grad_forward_are_the_fp32_master_weights(group)
 @pytest.mark.parametrize("train_dtype", ["float32", "bfloat16"])
 def test_checkpointing_updates_the_weights_bit_for_bit(group, train_dtype):
     """Activation checkpointing (with which one rank also reshards its weights after each forward, policy.build_model:
-    checked) changes where the update's memory goes, not what it computes: two mini-batches of AdamW steps leave the same
-    bits in every weight as the update without it, in float32 and in bf16 compute. The recomputed forward runs the
-    same kernels on the same inputs, and a re-gathered weight is the same cast of the same fp32 master weight."""
+    checked) changes where the update's memory goes, not what it computes: two mini-batches of AdamW steps leave the
+    same bits in every weight as the update without it, in float32 and in bf16 compute. The recomputed forward runs
+    the same kernels on the same inputs, and a re-gathered weight is the same cast of the same fp32 master weight."""
     ids, attn, mask, P = batch(seed=5, B=8, P=7, T=9)
     adv = torch.linspace(-1.0, 1.2, 8)
     weights, old = [], None
