@@ -236,7 +236,6 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
         assert x["entropy"] == pytest.approx(y["entropy"], rel=1e-5)
 
 
-
 @pytest.mark.smoke
 def test_one_rank_checkpoint_resumes_on_two_ranks(tmp_path):
     """A one-rank checkpoint is written without DCP's collectives (checkpoint._alone); two ranks load it with theirs
@@ -254,6 +253,7 @@ def test_one_rank_checkpoint_resumes_on_two_ranks(tmp_path):
     assert "resumed from" in r.stdout and "written by 1 ranks, resuming with 2" in r.stdout, r.stdout
     two = load_file(run / "hf" / "model.safetensors")
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+
 
 BAD_FLAGS = [
     (["--method", "ppo-magic"], "unknown --method 'ppo-magic'"),
