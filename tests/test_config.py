@@ -7,6 +7,7 @@ estimate's micro-batch holds a row longer than the token budget (hand-computed).
 """
 import os
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -20,15 +21,16 @@ import policy
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "models", "tiny-arith")
 PHYSICAL = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+NO_CGROUP = "/nonexistent/cgroup"  # as on macOS: no cgroup limit bounds the host's free memory
 
 
 def test_free_memory_without_proc_meminfo(monkeypatch):
     """No /proc/meminfo: psutil where installed, else os.sysconf; each a positive amount within the physical
     memory, the source named."""
-    free, source = policy.free_memory("cpu", meminfo="/nonexistent/meminfo")
+    free, source = policy.free_memory("cpu", meminfo="/nonexistent/meminfo", proc_cgroup=NO_CGROUP)
     assert 0 < free <= PHYSICAL and source in ("psutil", "os.sysconf free pages")
     monkeypatch.setitem(sys.modules, "psutil", None)  # `import psutil` raises ImportError
-    free, source = policy.free_memory("cpu", meminfo="/nonexistent/meminfo")
+    free, source = policy.free_memory("cpu", meminfo="/nonexistent/meminfo", proc_cgroup=NO_CGROUP)
     assert 0 < free <= PHYSICAL and source.startswith(("os.sysconf", "half the physical"))
 
 
@@ -39,12 +41,117 @@ def test_free_memory_reads_memavailable_per_local_rank(monkeypatch, tmp_path):
     meminfo.write_text("MemTotal:        2000000 kB\nMemFree:          500000 kB\n"
                        "MemAvailable:    1000003 kB\n")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    assert policy.free_memory("cpu", meminfo=str(meminfo)) == (1024003072, str(meminfo))
+    assert policy.free_memory("cpu", meminfo=str(meminfo), proc_cgroup=NO_CGROUP) == (1024003072, str(meminfo))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert policy.free_memory("cpu", meminfo=str(meminfo)) == (256000768, str(meminfo))
+    assert policy.free_memory("cpu", meminfo=str(meminfo), proc_cgroup=NO_CGROUP) == (256000768, str(meminfo))
     # a meminfo without MemAvailable (an old kernel) falls through to the portable sources
     meminfo.write_text("MemTotal:        2000000 kB\n")
-    assert policy.free_memory("cpu", meminfo=str(meminfo))[1] != str(meminfo)
+    assert policy.free_memory("cpu", meminfo=str(meminfo), proc_cgroup=NO_CGROUP)[1] != str(meminfo)
+
+
+def _tree(root, files):
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def test_cgroup_memory_room_v2_takes_the_tightest_ancestor(tmp_path, monkeypatch):
+    """cgroup v2 files written here: the job's own cgroup has no limit ("max"), its parent 4 GiB with 1.0e9 B used
+    of which 2.0e8 B inactive file cache: room = 4294967296 - 1000000000 + 200000000 = 3494967296 B, named by the
+    parent's memory.max. A tighter limit on the job itself (1 GiB, 5.0e8 used, none inactive) wins: 573741824 B.
+    free_memory takes the cgroup's room where it is below MemAvailable (8 GiB here), and splits it over ranks."""
+    root = tmp_path / "cg"
+    _tree(root, {"cgroup.controllers": "cpu memory\n",
+                 "user.slice/memory.max": "4294967296\n", "user.slice/memory.current": "1000000000\n",
+                 "user.slice/memory.stat": "anon 800000000\ninactive_file 200000000\n",
+                 "user.slice/job/memory.max": "max\n", "user.slice/job/memory.current": "600000000\n",
+                 "user.slice/job/memory.stat": "anon 600000000\ninactive_file 0\n"})
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/user.slice/job\n")
+    limit = str(root / "user.slice" / "memory.max")
+    assert policy.cgroup_memory_room(str(root), str(proc)) == (3494967296, limit)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemAvailable:    {8 * 2**20} kB\n")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert policy.free_memory("cpu", str(meminfo), str(root), str(proc)) == (3494967296 // 2, limit)
+    _tree(root, {"user.slice/job/memory.max": f"{2**30}\n", "user.slice/job/memory.current": "500000000\n"})
+    assert policy.cgroup_memory_room(str(root), str(proc)) == (2**30 - 500000000,
+                                                                 str(root / "user.slice/job/memory.max"))
+    # no limit anywhere: MemAvailable stands
+    _tree(root, {"user.slice/memory.max": "max\n", "user.slice/job/memory.max": "max\n"})
+    assert policy.cgroup_memory_room(str(root), str(proc)) is None
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert policy.free_memory("cpu", str(meminfo), str(root), str(proc)) == (8 * 2**30, str(meminfo))
+
+
+def test_cgroup_memory_room_v1_and_a_container_root(tmp_path):
+    """cgroup v1 (the memory controller's own hierarchy): v1 writes "no limit" as 9223372036854771712; the job's
+    cgroup /docker/abc limits 2 GiB with 1.5e9 B used, 1.0e8 B of it inactive file cache: 2147483648 - 1500000000 +
+    100000000 = 747483648 B. A container that mounts its own cgroup at the hierarchy's root, where the path that
+    /proc/self/cgroup names does not exist, is read at the root: 1 GiB limit, 2.5e8 used -> 823741824 B."""
+    root = tmp_path / "cg"
+    unlimited = "9223372036854771712\n"
+    _tree(root, {"memory/memory.limit_in_bytes": unlimited, "memory/memory.usage_in_bytes": "9000000000\n",
+                 "memory/memory.stat": "total_inactive_file 0\n",
+                 "memory/docker/abc/memory.limit_in_bytes": f"{2**31}\n",
+                 "memory/docker/abc/memory.usage_in_bytes": "1500000000\n",
+                 "memory/docker/abc/memory.stat": "cache 300000000\ntotal_inactive_file 100000000\n"})
+    proc = tmp_path / "cgroup"
+    proc.write_text("12:pids:/docker/abc\n4:memory:/docker/abc\n0::/\n")
+    assert policy.cgroup_memory_room(str(root), str(proc)) == (
+        747483648, str(root / "memory/docker/abc/memory.limit_in_bytes"))
+    container = tmp_path / "container"
+    _tree(container, {"memory/memory.limit_in_bytes": f"{2**30}\n", "memory/memory.usage_in_bytes": "250000000\n",
+                      "memory/memory.stat": "total_inactive_file 0\n"})
+    assert policy.cgroup_memory_room(str(container), str(proc)) == (
+        823741824, str(container / "memory/memory.limit_in_bytes"))
+    # no memory controller, or no /proc/self/cgroup (not Linux): nothing bounds the host's figure
+    proc.write_text("3:cpuset:/\n")
+    assert policy.cgroup_memory_room(str(root), str(proc)) is None
+    assert policy.cgroup_memory_room(str(root), NO_CGROUP) is None
+
+
+def _memory_cgroup(limit):
+    """A memory cgroup of this machine limited to `limit` bytes (v1 or v2), or None where this process may not make
+    one (not root, no memory controller, a read-only cgroup mount)."""
+    name = f"bandpo-test-{os.getpid()}"
+    for d, limit_file in ((os.path.join("/sys/fs/cgroup/memory", name), "memory.limit_in_bytes"),
+                          (os.path.join("/sys/fs/cgroup", name), "memory.max")):
+        if not os.path.isdir(os.path.dirname(d)) or (limit_file == "memory.max" and not os.path.exists(
+                "/sys/fs/cgroup/cgroup.controllers")):
+            continue
+        try:
+            os.mkdir(d)
+        except OSError:
+            continue
+        try:
+            with open(os.path.join(d, limit_file), "w") as f:
+                f.write(str(limit))
+            return d
+        except OSError:
+            os.rmdir(d)
+    return None
+
+
+def test_free_memory_sees_this_machines_cgroup_limit():
+    """A real cgroup of this machine limited to 3 GiB, and a Python process in it (it joins before it imports
+    anything): free_memory reports at most the 3 GiB less what the process already uses, and at least 3 GiB less
+    1.5 GiB (the interpreter with torch and transformers takes ~0.35 GiB), and names the cgroup's limit file, while
+    the machine's MemAvailable is what it is. Skipped where this process may not make a memory cgroup."""
+    limit = 3 * 2**30
+    d = _memory_cgroup(limit)
+    if d is None:
+        pytest.skip("no writable memory cgroup here (needs root and a memory controller)")
+    try:
+        code = ("import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); sys.path.insert(0, sys.argv[2]); "
+                "import policy; print(*policy.free_memory('cpu'), sep='\\n')")
+        r = subprocess.run([sys.executable, "-c", code, os.path.join(d, "cgroup.procs"), ROOT], capture_output=True,
+                           text=True, timeout=600, env={**os.environ, "LOCAL_WORLD_SIZE": "1"})
+        assert r.returncode == 0, r.stderr[-2000:]
+        free, source = r.stdout.split("\n")[:2]
+        assert limit - 1.5 * 2**30 < int(free) < limit and source.startswith(d), (free, source)
+    finally:
+        os.rmdir(d)  # empty again: the process has exited
 
 
 def test_a_row_longer_than_the_budget_is_its_own_micro_batch():
