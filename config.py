@@ -34,7 +34,7 @@ import data
 import grpo
 import reward
 import rollout
-from policy import free_memory, grad_checkpointing_default, update_memory
+from memory import free_memory, grad_checkpointing_default, update_memory
 from precision import resolve_dtype
 
 
@@ -204,7 +204,7 @@ def resolve_config(cfg):
 
 
 def decide_grad_checkpointing(cfg, device, prompt_lens=None):
-    """--grad-checkpointing unset: decided by memory (policy.grad_checkpointing_default), from the
+    """--grad-checkpointing unset: decided by memory (memory.grad_checkpointing_default), from the
     memory free on this rank's device once it is set, the least over all ranks, so that every rank
     decides the same, and from the longest training prompt (`prompt_lens`, the token count of every
     training prompt; None: --max-prompt-len), not the longest allowed: GSM8K's chat prompts are
@@ -253,7 +253,7 @@ def dtype_bytes(cfg):
 
 
 def update_memory_gb(cfg, longest_prompt=None):
-    """The update's memory estimate without checkpointing (policy.update_memory), in GB."""
+    """The update's memory estimate without checkpointing (memory.update_memory), in GB."""
     return update_memory(AutoConfig.from_pretrained(cfg.model),
                          micro_batch_tokens(cfg, longest_prompt), dtype_bytes(cfg)) / 2**30
 

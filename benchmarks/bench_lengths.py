@@ -106,6 +106,7 @@ def main():
     import torch
     import torch.distributed as dist
 
+    import memory
     import policy
     import train
     from transformers import AutoConfig
@@ -127,8 +128,8 @@ def main():
         cfg = train.Config(**{**base.__dict__, "micro_batch_tokens": budget})
         ckpt = a.grad_checkpointing
         if ckpt is None:
-            ckpt = policy.grad_checkpointing_default(mcfg, train.micro_batch_tokens(cfg),
-                                                     2 if a.dtype == "bfloat16" else 4, policy.free_memory(device)[0])
+            ckpt = memory.grad_checkpointing_default(mcfg, train.micro_batch_tokens(cfg),
+                                                     2 if a.dtype == "bfloat16" else 4, memory.free_memory(device)[0])
         cfgs[name] = train.Config(**{**cfg.__dict__, "grad_checkpointing": ckpt})
     models = {}  # one model per checkpointing choice
     times = {name: [] for name, _ in settings}

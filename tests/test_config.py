@@ -1,8 +1,9 @@
 """The configuration's memory-dependent default: activation checkpointing decided on each rank's own device, the
-same on every rank, and free memory read without /proc/meminfo (macOS).
+same on every rank, and free memory read without /proc/meminfo (macOS) and under a container's memory limit.
 
-Claims checked: free memory has a portable source when /proc/meminfo is missing, bounded by the physical memory;
-two ranks whose free memory differs decide the same, from the least of them (the MIN collective); the memory
+Claims checked: free memory has a portable source when /proc/meminfo is missing, bounded by the physical memory; the
+room under cgroup v1 and v2 memory limits (hand-computed on written trees, and on a real cgroup of the machine where
+one can be made) bounds it; two ranks whose free memory differs decide the same, from the least of them (the MIN collective); the memory
 estimate's micro-batch holds a row longer than the token budget (hand-computed).
 """
 import os
@@ -16,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import config
-import policy
+import memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "models", "tiny-arith")
@@ -27,10 +28,10 @@ NO_CGROUP = "/nonexistent/cgroup"  # as on macOS: no cgroup limit bounds the hos
 def test_free_memory_without_proc_meminfo(monkeypatch):
     """No /proc/meminfo: psutil where installed, else os.sysconf; each a positive amount within the physical
     memory, the source named."""
-    free, source = policy.free_memory("cpu", meminfo="/nonexistent/meminfo", proc_cgroup=NO_CGROUP)
+    free, source = memory.free_memory("cpu", meminfo="/nonexistent/meminfo", proc_cgroup=NO_CGROUP)
     assert 0 < free <= PHYSICAL and source in ("psutil", "os.sysconf free pages")
     monkeypatch.setitem(sys.modules, "psutil", None)  # `import psutil` raises ImportError
-    free, source = policy.free_memory("cpu", meminfo="/nonexistent/meminfo", proc_cgroup=NO_CGROUP)
+    free, source = memory.free_memory("cpu", meminfo="/nonexistent/meminfo", proc_cgroup=NO_CGROUP)
     assert 0 < free <= PHYSICAL and source.startswith(("os.sysconf", "half the physical"))
 
 
@@ -41,12 +42,12 @@ def test_free_memory_reads_memavailable_per_local_rank(monkeypatch, tmp_path):
     meminfo.write_text("MemTotal:        2000000 kB\nMemFree:          500000 kB\n"
                        "MemAvailable:    1000003 kB\n")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    assert policy.free_memory("cpu", meminfo=str(meminfo), proc_cgroup=NO_CGROUP) == (1024003072, str(meminfo))
+    assert memory.free_memory("cpu", meminfo=str(meminfo), proc_cgroup=NO_CGROUP) == (1024003072, str(meminfo))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert policy.free_memory("cpu", meminfo=str(meminfo), proc_cgroup=NO_CGROUP) == (256000768, str(meminfo))
+    assert memory.free_memory("cpu", meminfo=str(meminfo), proc_cgroup=NO_CGROUP) == (256000768, str(meminfo))
     # a meminfo without MemAvailable (an old kernel) falls through to the portable sources
     meminfo.write_text("MemTotal:        2000000 kB\n")
-    assert policy.free_memory("cpu", meminfo=str(meminfo), proc_cgroup=NO_CGROUP)[1] != str(meminfo)
+    assert memory.free_memory("cpu", meminfo=str(meminfo), proc_cgroup=NO_CGROUP)[1] != str(meminfo)
 
 
 def _tree(root, files):
@@ -69,19 +70,19 @@ def test_cgroup_memory_room_v2_takes_the_tightest_ancestor(tmp_path, monkeypatch
     proc = tmp_path / "cgroup"
     proc.write_text("0::/user.slice/job\n")
     limit = str(root / "user.slice" / "memory.max")
-    assert policy.cgroup_memory_room(str(root), str(proc)) == (3494967296, limit)
+    assert memory.cgroup_memory_room(str(root), str(proc)) == (3494967296, limit)
     meminfo = tmp_path / "meminfo"
     meminfo.write_text(f"MemAvailable:    {8 * 2**20} kB\n")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert policy.free_memory("cpu", str(meminfo), str(root), str(proc)) == (3494967296 // 2, limit)
+    assert memory.free_memory("cpu", str(meminfo), str(root), str(proc)) == (3494967296 // 2, limit)
     _tree(root, {"user.slice/job/memory.max": f"{2**30}\n", "user.slice/job/memory.current": "500000000\n"})
-    assert policy.cgroup_memory_room(str(root), str(proc)) == (2**30 - 500000000,
+    assert memory.cgroup_memory_room(str(root), str(proc)) == (2**30 - 500000000,
                                                                  str(root / "user.slice/job/memory.max"))
     # no limit anywhere: MemAvailable stands
     _tree(root, {"user.slice/memory.max": "max\n", "user.slice/job/memory.max": "max\n"})
-    assert policy.cgroup_memory_room(str(root), str(proc)) is None
+    assert memory.cgroup_memory_room(str(root), str(proc)) is None
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    assert policy.free_memory("cpu", str(meminfo), str(root), str(proc)) == (8 * 2**30, str(meminfo))
+    assert memory.free_memory("cpu", str(meminfo), str(root), str(proc)) == (8 * 2**30, str(meminfo))
 
 
 def test_cgroup_memory_room_v1_and_a_container_root(tmp_path):
@@ -98,17 +99,17 @@ def test_cgroup_memory_room_v1_and_a_container_root(tmp_path):
                  "memory/docker/abc/memory.stat": "cache 300000000\ntotal_inactive_file 100000000\n"})
     proc = tmp_path / "cgroup"
     proc.write_text("12:pids:/docker/abc\n4:memory:/docker/abc\n0::/\n")
-    assert policy.cgroup_memory_room(str(root), str(proc)) == (
+    assert memory.cgroup_memory_room(str(root), str(proc)) == (
         747483648, str(root / "memory/docker/abc/memory.limit_in_bytes"))
     container = tmp_path / "container"
     _tree(container, {"memory/memory.limit_in_bytes": f"{2**30}\n", "memory/memory.usage_in_bytes": "250000000\n",
                       "memory/memory.stat": "total_inactive_file 0\n"})
-    assert policy.cgroup_memory_room(str(container), str(proc)) == (
+    assert memory.cgroup_memory_room(str(container), str(proc)) == (
         823741824, str(container / "memory/memory.limit_in_bytes"))
     # no memory controller, or no /proc/self/cgroup (not Linux): nothing bounds the host's figure
     proc.write_text("3:cpuset:/\n")
-    assert policy.cgroup_memory_room(str(root), str(proc)) is None
-    assert policy.cgroup_memory_room(str(root), NO_CGROUP) is None
+    assert memory.cgroup_memory_room(str(root), str(proc)) is None
+    assert memory.cgroup_memory_room(str(root), NO_CGROUP) is None
 
 
 def _memory_cgroup(limit):
@@ -144,7 +145,7 @@ def test_free_memory_sees_this_machines_cgroup_limit():
         pytest.skip("no writable memory cgroup here (needs root and a memory controller)")
     try:
         code = ("import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); sys.path.insert(0, sys.argv[2]); "
-                "import policy; print(*policy.free_memory('cpu'), sep='\\n')")
+                "import memory; print(*memory.free_memory('cpu'), sep='\\n')")
         r = subprocess.run([sys.executable, "-c", code, os.path.join(d, "cgroup.procs"), ROOT], capture_output=True,
                            text=True, timeout=600, env={**os.environ, "LOCAL_WORLD_SIZE": "1"})
         assert r.returncode == 0, r.stderr[-2000:]
