@@ -22,7 +22,7 @@ demo-real: venv smollm2
 	$(TORCHRUN) --nproc_per_node 1 train.py --method bandkl --delta 0.05 $(DEMO_REAL_FLAGS)
 
 # the real-model smoke tests need models/smollm2-135m-instruct (built from PyPI, git-ignored); `slow` marks checks that
-# repeat what faster tests cover (the GPU check's CPU mode): CI runs them after `make test` (.ci/run, make test-slow)
+# repeat what faster tests cover (the GPU check's CPU mode) or need many fresh processes: CI runs them after `make test` (.ci/run, make test-slow)
 test: venv smollm2
 	$(PY) -m pytest -m "not slow"
 

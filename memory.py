@@ -41,8 +41,8 @@ def grad_checkpointing_default(model_config, tokens, dtype_bytes, free_bytes):
 
 
 # --- the memory free ----------------------------------------------------------------------------
-def free_memory(device, meminfo="/proc/meminfo", cgroup_root="/sys/fs/cgroup",
-                proc_cgroup="/proc/self/cgroup"):
+def free_memory(device, meminfo="/proc/meminfo", proc_cgroup="/proc/self/cgroup",
+                mountinfo="/proc/self/mountinfo"):
     """(bytes free for one rank, where they were read): this rank's GPU (`device` itself, never a
     default GPU), or on CPU the available RAM / local ranks, from the first source that answers:
     Linux's MemAvailable, psutil (macOS, Windows; if installed), the free pages of os.sysconf, and
@@ -69,55 +69,84 @@ def free_memory(device, meminfo="/proc/meminfo", cgroup_root="/sys/fs/cgroup",
             else:
                 free = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
                 source = "half the physical memory (no free-memory source)"
-    room = cgroup_memory_room(cgroup_root, proc_cgroup)
+    room = cgroup_memory_room(proc_cgroup, mountinfo)
     if room is not None and room[0] < free:
         free, source = room
     return free // int(os.environ.get("LOCAL_WORLD_SIZE", 1)), source
 
 
-def cgroup_memory_room(root="/sys/fs/cgroup", proc_cgroup="/proc/self/cgroup"):
-    """(bytes, the limit file) left under the tightest memory limit of this process's cgroup and its
-    ancestors, or None where none is set or readable (not Linux, no memory controller, no limit).
-    Room = limit − usage + inactive file cache (reclaimable: Docker's and the kubelet's "working
-    set" subtract it too). cgroup v2: memory.max, memory.current, `inactive_file` of memory.stat;
-    v1: memory.limit_in_bytes, memory.usage_in_bytes, `total_inactive_file`. The process's path is
-    read from /proc/self/cgroup; a container that mounts its own cgroup at the root (no cgroup
-    namespace, v1) still names the host's path, so the mount's root is read too."""
+def cgroup_memory_room(proc_cgroup="/proc/self/cgroup", mountinfo="/proc/self/mountinfo"):
+    """(bytes, where the limit was read) left under this process's cgroup memory limit, or None
+    where none is set or readable (not Linux, no memory controller, no limit). Room = limit − usage
+    + inactive file cache (reclaimable: Docker's and the kubelet's "working set" subtract it too).
+    The cgroup's directory is its path in /proc/self/cgroup, made relative to the hierarchy's root
+    mounted at the mount point /proc/self/mountinfo names: a container without a cgroup namespace
+    mounts its own cgroup, whose host path /proc/self/cgroup still shows (OpenJDK resolves it the
+    same way). v1: memory.limit_in_bytes, tightened by `hierarchical_memory_limit` of memory.stat
+    (the kernel's bound over ancestors, also those a container cannot see), memory.usage_in_bytes,
+    `total_inactive_file`. v2: the tightest of the cgroup and its visible ancestors' memory.max,
+    each with its memory.current and `inactive_file`."""
     try:
         with open(proc_cgroup) as f:
-            lines = [line.rstrip("\n").split(":", 2) for line in f]
+            lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+        with open(mountinfo) as f:
+            mounts = [line.split() for line in f]
     except OSError:
         return None
     v1 = [path for _, ctrls, path in lines if "memory" in ctrls.split(",")]
     v2 = [path for hid, ctrls, path in lines if hid == "0" and ctrls == ""]
-    if v1:
-        base, path = os.path.join(root, "memory"), v1[0]
-        files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
-    elif v2:
-        # a unified-only mount holds cgroup.controllers; a hybrid one mounts v2 at unified/
-        base = root if os.path.exists(os.path.join(root, "cgroup.controllers")) else os.path.join(
-            root, "unified")
-        path = v2[0]
-        files = ("memory.max", "memory.current", "inactive_file")
+    if v1 and (mount := _cgroup_mount(mounts, "cgroup")):
+        path, is_v1 = v1[0], True
+    elif v2 and (mount := _cgroup_mount(mounts, "cgroup2")):
+        path, is_v1 = v2[0], False
     else:
         return None
-    parts = [p for p in path.split("/") if p]
+    root, point = mount
+    inside = path == root or path.startswith(root.rstrip("/") + "/")
+    # outside the mounted root, or above it (a path with ".."): the mount's own cgroup, an ancestor
+    parts = ([] if not inside or ".." in path.split("/")
+             else [p for p in path[len(root):].split("/") if p])
+    dirs = [os.path.join(point, *parts[:depth]) for depth in range(len(parts) + 1)]
     best = None
-    for depth in range(len(parts) + 1):  # the mount's root, then each ancestor down to our own
-        d = os.path.join(base, *parts[:depth])
-        try:
-            with open(os.path.join(d, files[0])) as f:
-                limit = f.read().strip()
-            with open(os.path.join(d, files[1])) as f:
-                usage = int(f.read())
-            with open(os.path.join(d, "memory.stat")) as f:
-                stat = dict(line.split() for line in f if line.strip())
+    for d in ([d for d in dirs if os.path.isdir(d)][-1:] if is_v1 else dirs):
+        try:  # v1: the deepest that exists; v2: the mount's cgroup, then each one down to ours
+            room = _room(d, is_v1)
         except (OSError, ValueError):
             continue
-        # v1 writes "no limit" as the largest page-aligned int64 (9223372036854771712), v2 as "max"
-        if limit == "max" or int(limit) >= 2**62:
-            continue
-        room = max(0, int(limit) - usage + int(stat.get(files[2], 0)))
-        if best is None or room < best[0]:
-            best = (room, os.path.join(d, files[0]))
+        if room is not None and (best is None or room[0] < best[0]):
+            best = room
     return best
+
+
+def _cgroup_mount(mounts, fstype):
+    """(root within the hierarchy, mount point) of the first `fstype` mount (v1: the one with the
+    memory controller) in /proc/self/mountinfo's split lines: '... root point opts - type src super'."""
+    for m in mounts:
+        if "-" in m[5:]:
+            i = m.index("-", 5)
+            if len(m) > i + 3 and m[i + 1] == fstype and (
+                    fstype == "cgroup2" or "memory" in m[i + 3].split(",")):
+                return m[3], m[4]
+    return None
+
+
+def _room(d, v1):
+    """(limit − usage + inactive file, where the limit was read) of cgroup directory d, or None
+    where it has no limit: v1 writes none as ~2^63 (page-aligned), v2 as "max"."""
+    def read(name):
+        with open(os.path.join(d, name)) as f:
+            return f.read().strip()
+    with open(os.path.join(d, "memory.stat")) as f:
+        stat = dict(line.split()[:2] for line in f if len(line.split()) >= 2)
+    limits = [(read("memory.limit_in_bytes" if v1 else "memory.max"),
+               os.path.join(d, "memory.limit_in_bytes" if v1 else "memory.max"))]
+    if v1 and "hierarchical_memory_limit" in stat:
+        limits.append((stat["hierarchical_memory_limit"],
+                       os.path.join(d, "memory.stat") + " hierarchical_memory_limit"))
+    limits = [(int(v), where) for v, where in limits if v != "max" and int(v) < 2**62]
+    if not limits:
+        return None
+    limit, where = min(limits)
+    usage = int(read("memory.usage_in_bytes" if v1 else "memory.current"))
+    inactive = int(stat.get("total_inactive_file" if v1 else "inactive_file", 0))
+    return max(0, limit - usage + inactive), where

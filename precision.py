@@ -47,7 +47,7 @@ def warm_up_vml():
     (2048) the call runs on this thread alone, so oneMKL settles its kernel choice before any
     multithreaded call (the fix proposed upstream, pytorch/pytorch#188791, does the same)."""
     for dtype in (torch.float32, torch.float64):
-        x = torch.full((1,), 0.5, dtype=dtype)
+        x = torch.full((1,), 0.5, dtype=dtype, device="cpu")
         for op in VML_OPS:
             getattr(torch, op)(x)
 

@@ -56,6 +56,15 @@ def _tree(root, files):
         (root / rel).write_text(text)
 
 
+def _mountinfo(tmp_path, fstype, root, point):
+    """A /proc/self/mountinfo with one cgroup mount: hierarchy `root` mounted at `point` (v1: the memory controller)."""
+    f = tmp_path / "mountinfo"
+    opts = "rw,memory" if fstype == "cgroup" else "rw"
+    f.write_text(f"23 1 0:21 / /sys rw,relatime - sysfs sysfs rw\n35 31 0:32 {root} {point} rw,relatime - {fstype} "
+                 f"{fstype} {opts}\n")
+    return str(f)
+
+
 def test_cgroup_memory_room_v2_takes_the_tightest_ancestor(tmp_path, monkeypatch):
     """cgroup v2 files written here: the job's own cgroup has no limit ("max"), its parent 4 GiB with 1.0e9 B used
     of which 2.0e8 B inactive file cache: room = 4294967296 - 1000000000 + 200000000 = 3494967296 B, named by the
@@ -69,47 +78,67 @@ def test_cgroup_memory_room_v2_takes_the_tightest_ancestor(tmp_path, monkeypatch
                  "user.slice/job/memory.stat": "anon 600000000\ninactive_file 0\n"})
     proc = tmp_path / "cgroup"
     proc.write_text("0::/user.slice/job\n")
+    mounts = _mountinfo(tmp_path, "cgroup2", "/", root)
     limit = str(root / "user.slice" / "memory.max")
-    assert memory.cgroup_memory_room(str(root), str(proc)) == (3494967296, limit)
+    assert memory.cgroup_memory_room(str(proc), mounts) == (3494967296, limit)
     meminfo = tmp_path / "meminfo"
     meminfo.write_text(f"MemAvailable:    {8 * 2**20} kB\n")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert memory.free_memory("cpu", str(meminfo), str(root), str(proc)) == (3494967296 // 2, limit)
+    assert memory.free_memory("cpu", str(meminfo), str(proc), mounts) == (3494967296 // 2, limit)
     _tree(root, {"user.slice/job/memory.max": f"{2**30}\n", "user.slice/job/memory.current": "500000000\n"})
-    assert memory.cgroup_memory_room(str(root), str(proc)) == (2**30 - 500000000,
-                                                                 str(root / "user.slice/job/memory.max"))
+    assert memory.cgroup_memory_room(str(proc), mounts) == (2**30 - 500000000, str(root / "user.slice/job/memory.max"))
+    # a path above the namespace's root ("/../x"): the mounted cgroup, an ancestor, and never a sibling
+    _tree(root, {"memory.max": f"{2**31}\n", "memory.current": "1000\n", "memory.stat": "inactive_file 0\n"})
+    proc.write_text("0::/../user.slice/job\n")
+    assert memory.cgroup_memory_room(str(proc), mounts) == (2**31 - 1000, str(root / "memory.max"))
     # no limit anywhere: MemAvailable stands
-    _tree(root, {"user.slice/memory.max": "max\n", "user.slice/job/memory.max": "max\n"})
-    assert memory.cgroup_memory_room(str(root), str(proc)) is None
+    _tree(root, {"memory.max": "max\n", "user.slice/memory.max": "max\n", "user.slice/job/memory.max": "max\n"})
+    proc.write_text("0::/user.slice/job\n")
+    assert memory.cgroup_memory_room(str(proc), mounts) is None
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    assert memory.free_memory("cpu", str(meminfo), str(root), str(proc)) == (8 * 2**30, str(meminfo))
+    assert memory.free_memory("cpu", str(meminfo), str(proc), mounts) == (8 * 2**30, str(meminfo))
 
 
-def test_cgroup_memory_room_v1_and_a_container_root(tmp_path):
-    """cgroup v1 (the memory controller's own hierarchy): v1 writes "no limit" as 9223372036854771712; the job's
-    cgroup /docker/abc limits 2 GiB with 1.5e9 B used, 1.0e8 B of it inactive file cache: 2147483648 - 1500000000 +
-    100000000 = 747483648 B. A container that mounts its own cgroup at the hierarchy's root, where the path that
-    /proc/self/cgroup names does not exist, is read at the root: 1 GiB limit, 2.5e8 used -> 823741824 B."""
-    root = tmp_path / "cg"
+def test_cgroup_memory_room_v1_containers_and_hierarchical_limits(tmp_path):
+    """cgroup v1 files written here. The host's view: /docker/abc limits 2 GiB with 1.5e9 B used, 1.0e8 B of it
+    inactive file cache: 2147483648 - 1500000000 + 100000000 = 747483648 B. A container without a cgroup namespace
+    mounts its own cgroup (mountinfo's root /docker/abc) while /proc/self/cgroup names the host's path: its 1 GiB,
+    2.5e8 used -> 823741824 B; a cgroup inside it (/docker/abc/sub, 512 MiB, 1.0e8 used) -> 436870912 B. A limit set
+    on an ancestor the container cannot see shows only as memory.stat's hierarchical_memory_limit (3 GiB, own limit
+    unlimited, 1.0e9 used) -> 2221225472 B."""
     unlimited = "9223372036854771712\n"
-    _tree(root, {"memory/memory.limit_in_bytes": unlimited, "memory/memory.usage_in_bytes": "9000000000\n",
+    host = tmp_path / "host"
+    _tree(host, {"memory/memory.limit_in_bytes": unlimited, "memory/memory.usage_in_bytes": "9000000000\n",
                  "memory/memory.stat": "total_inactive_file 0\n",
                  "memory/docker/abc/memory.limit_in_bytes": f"{2**31}\n",
                  "memory/docker/abc/memory.usage_in_bytes": "1500000000\n",
                  "memory/docker/abc/memory.stat": "cache 300000000\ntotal_inactive_file 100000000\n"})
     proc = tmp_path / "cgroup"
-    proc.write_text("12:pids:/docker/abc\n4:memory:/docker/abc\n0::/\n")
-    assert memory.cgroup_memory_room(str(root), str(proc)) == (
-        747483648, str(root / "memory/docker/abc/memory.limit_in_bytes"))
-    container = tmp_path / "container"
-    _tree(container, {"memory/memory.limit_in_bytes": f"{2**30}\n", "memory/memory.usage_in_bytes": "250000000\n",
-                      "memory/memory.stat": "total_inactive_file 0\n"})
-    assert memory.cgroup_memory_room(str(container), str(proc)) == (
-        823741824, str(container / "memory/memory.limit_in_bytes"))
-    # no memory controller, or no /proc/self/cgroup (not Linux): nothing bounds the host's figure
+    proc.write_text("12:pids:/docker/abc\n4:memory:/docker/abc\n\n0::/\n")  # a blank line is skipped
+    assert memory.cgroup_memory_room(str(proc), _mountinfo(tmp_path, "cgroup", "/", host / "memory")) == (
+        747483648, str(host / "memory/docker/abc/memory.limit_in_bytes"))
+    box = tmp_path / "box"
+    _tree(box, {"memory/memory.limit_in_bytes": f"{2**30}\n", "memory/memory.usage_in_bytes": "250000000\n",
+                "memory/memory.stat": "total_inactive_file 0\n"})
+    mounts = _mountinfo(tmp_path, "cgroup", "/docker/abc", box / "memory")
+    assert memory.cgroup_memory_room(str(proc), mounts) == (823741824, str(box / "memory/memory.limit_in_bytes"))
+    _tree(box, {"memory/sub/memory.limit_in_bytes": f"{2**29}\n", "memory/sub/memory.usage_in_bytes": "100000000\n",
+                "memory/sub/memory.stat": "total_inactive_file 0\n"})
+    proc.write_text("4:memory:/docker/abc/sub\n")
+    assert memory.cgroup_memory_room(str(proc), mounts) == (436870912, str(box / "memory/sub/memory.limit_in_bytes"))
+    _tree(box, {"memory/memory.limit_in_bytes": unlimited, "memory/memory.usage_in_bytes": "1000000000\n",
+                "memory/memory.stat": f"hierarchical_memory_limit {3 * 2**30}\ntotal_inactive_file 0\n"})
+    proc.write_text("4:memory:/docker/abc\n")
+    assert memory.cgroup_memory_room(str(proc), mounts) == (
+        2221225472, str(box / "memory/memory.stat") + " hierarchical_memory_limit")
+    # a malformed limit file is skipped, not raised; no memory controller, no mount, no /proc/self/cgroup: None
+    _tree(box, {"memory/memory.limit_in_bytes": "\n", "memory/memory.stat": "total_inactive_file 0\n"})
+    assert memory.cgroup_memory_room(str(proc), mounts) is None
     proc.write_text("3:cpuset:/\n")
-    assert memory.cgroup_memory_room(str(root), str(proc)) is None
-    assert memory.cgroup_memory_room(str(root), NO_CGROUP) is None
+    assert memory.cgroup_memory_room(str(proc), mounts) is None
+    proc.write_text("4:memory:/docker/abc\n")
+    assert memory.cgroup_memory_room(str(proc), _mountinfo(tmp_path, "cgroup2", "/", box)) is None
+    assert memory.cgroup_memory_room(NO_CGROUP, mounts) is None
 
 
 def _memory_cgroup(limit):
@@ -134,23 +163,23 @@ def _memory_cgroup(limit):
     return None
 
 
-def test_free_memory_sees_this_machines_cgroup_limit():
+def test_cgroup_memory_room_sees_this_machines_cgroup_limit():
     """A real cgroup of this machine limited to 3 GiB, and a Python process in it (it joins before it imports
-    anything): free_memory reports at most the 3 GiB less what the process already uses, and at least 3 GiB less
-    1.5 GiB (the interpreter with torch and transformers takes ~0.35 GiB), and names the cgroup's limit file, while
-    the machine's MemAvailable is what it is. Skipped where this process may not make a memory cgroup."""
+    anything): the room is at most the 3 GiB less what the process already uses, and more than 3 GiB less 1.5 GiB
+    (the interpreter with torch takes ~0.35 GiB), named by the cgroup's own files. Skipped where this process may
+    not make a memory cgroup."""
     limit = 3 * 2**30
     d = _memory_cgroup(limit)
     if d is None:
         pytest.skip("no writable memory cgroup here (needs root and a memory controller)")
     try:
         code = ("import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); sys.path.insert(0, sys.argv[2]); "
-                "import memory; print(*memory.free_memory('cpu'), sep='\\n')")
+                "import memory; print(*memory.cgroup_memory_room(), sep='\\n')")
         r = subprocess.run([sys.executable, "-c", code, os.path.join(d, "cgroup.procs"), ROOT], capture_output=True,
-                           text=True, timeout=600, env={**os.environ, "LOCAL_WORLD_SIZE": "1"})
+                           text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
-        free, source = r.stdout.split("\n")[:2]
-        assert limit - 1.5 * 2**30 < int(free) < limit and source.startswith(d), (free, source)
+        room, source = r.stdout.split("\n")[:2]
+        assert limit - 1.5 * 2**30 < int(room) < limit and source.startswith(d), (room, source)
     finally:
         os.rmdir(d)  # empty again: the process has exited
 
