@@ -4,7 +4,6 @@ unpadded full forward per row; the on-policy update (old log-probs = its own for
 given separately computed old log-probs; the load-once FSDP2 build against from_pretrained; the batch-shape check
 against the rows each rank would train on.
 """
-import copy
 import os
 import socket
 
