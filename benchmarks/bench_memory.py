@@ -65,13 +65,13 @@ def main():
     ids, records, _ = data.tokenize_prompts(records, tokenizer, cfg.max_prompt_len)
     device = train.init_distributed()
     # as train.py decides them, once the device is set, from the training prompts' lengths
-    cfg, _, _ = train.decide_grad_checkpointing(cfg, device, [len(x) for x in ids])
+    cfg, free, source = train.decide_grad_checkpointing(cfg, device, [len(x) for x in ids])
     heap = threshold is None and train.keep_freed_memory(cfg, device)  # as train.py, unless told
     ids = ids[:cfg.prompts_per_step]
     print(f"{os.path.relpath(cfg.model, ROOT)}: {cfg.train_dtype} trainer, {cfg.rollout_dtype} engine "
           f"({cfg.rollout}), grad checkpointing {cfg.grad_checkpointing}, shared prompt {cfg.share_prompt}, heap "
           f"kept {heap}; {cfg.prompts_per_step} prompts x {cfg.group_size}, {cfg.max_new_tokens} new tokens, "
-          f"micro-batch {cfg.micro_batch_size}")
+          f"micro-batch {cfg.micro_batch_size}; decided from {free / 2**30:.2f} GB free ({source})")
     print(f"{'phase':<34}{'RSS GB':>8}{'peak GB':>8}   by arithmetic")
     row("python + torch + transformers")  # and the process group (a few MB)
     model = train.build_model(cfg, device)
