@@ -76,16 +76,18 @@ def free_memory(device, meminfo="/proc/meminfo", proc_cgroup="/proc/self/cgroup"
 
 
 def cgroup_memory_room(proc_cgroup="/proc/self/cgroup", mountinfo="/proc/self/mountinfo"):
-    """(bytes, where the limit was read) left under this process's cgroup memory limit, or None
+    """(bytes, where the limit was read) left under this process's cgroup memory limits, or None
     where none is set or readable (not Linux, no memory controller, no limit). Room = limit − usage
-    + inactive file cache (reclaimable: Docker's and the kubelet's "working set" subtract it too).
+    + inactive file cache (reclaimable: Docker's and the kubelet's "working set" subtract it too),
+    the tightest over the cgroup and its ancestors down from the mounted one, each with its own
+    usage (v1: memory.limit_in_bytes, memory.usage_in_bytes, `total_inactive_file` of memory.stat;
+    v2: memory.max, memory.current, `inactive_file`). v1 also bounds each by memory.stat's
+    `hierarchical_memory_limit`, the kernel's limit over all its ancestors, also those a container
+    cannot see; paired with the cgroup's own usage, it misses what siblings under that ancestor use.
     The cgroup's directory is its path in /proc/self/cgroup, made relative to the hierarchy's root
     mounted at the mount point /proc/self/mountinfo names: a container without a cgroup namespace
     mounts its own cgroup, whose host path /proc/self/cgroup still shows (OpenJDK resolves it the
-    same way). v1: memory.limit_in_bytes, tightened by `hierarchical_memory_limit` of memory.stat
-    (the kernel's bound over ancestors, also those a container cannot see), memory.usage_in_bytes,
-    `total_inactive_file`. v2: the tightest of the cgroup and its visible ancestors' memory.max,
-    each with its memory.current and `inactive_file`."""
+    same way)."""
     try:
         with open(proc_cgroup) as f:
             lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
@@ -108,8 +110,8 @@ def cgroup_memory_room(proc_cgroup="/proc/self/cgroup", mountinfo="/proc/self/mo
              else [p for p in path[len(root):].split("/") if p])
     dirs = [os.path.join(point, *parts[:depth]) for depth in range(len(parts) + 1)]
     best = None
-    for d in ([d for d in dirs if os.path.isdir(d)][-1:] if is_v1 else dirs):
-        try:  # v1: the deepest that exists; v2: the mount's cgroup, then each one down to ours
+    for d in dirs:  # the mount's cgroup, then each one down to ours; a missing one is skipped
+        try:
             room = _room(d, is_v1)
         except (OSError, ValueError):
             continue

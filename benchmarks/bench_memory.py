@@ -71,7 +71,7 @@ def main():
     print(f"{os.path.relpath(cfg.model, ROOT)}: {cfg.train_dtype} trainer, {cfg.rollout_dtype} engine "
           f"({cfg.rollout}), grad checkpointing {cfg.grad_checkpointing}, shared prompt {cfg.share_prompt}, heap "
           f"kept {heap}; {cfg.prompts_per_step} prompts x {cfg.group_size}, {cfg.max_new_tokens} new tokens, "
-          f"micro-batch {cfg.micro_batch_size}; decided from {free / 2**30:.2f} GB free ({source})")
+          f"micro-batch {cfg.micro_batch_size}; decided from {free / 2**30:.2f} GiB free ({source})")
     print(f"{'phase':<34}{'RSS GB':>8}{'peak GB':>8}   by arithmetic")
     row("python + torch + transformers")  # and the process group (a few MB)
     model = train.build_model(cfg, device)

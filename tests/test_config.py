@@ -105,7 +105,7 @@ def test_cgroup_memory_room_v1_containers_and_hierarchical_limits(tmp_path):
     mounts its own cgroup (mountinfo's root /docker/abc) while /proc/self/cgroup names the host's path: its 1 GiB,
     2.5e8 used -> 823741824 B; a cgroup inside it (/docker/abc/sub, 512 MiB, 1.0e8 used) -> 436870912 B. A limit set
     on an ancestor the container cannot see shows only as memory.stat's hierarchical_memory_limit (3 GiB, own limit
-    unlimited, 1.0e9 used) -> 2221225472 B."""
+    unlimited, 1.0e9 used) -> 2221225472 B; one the process can see counts its other children's usage too."""
     unlimited = "9223372036854771712\n"
     host = tmp_path / "host"
     _tree(host, {"memory/memory.limit_in_bytes": unlimited, "memory/memory.usage_in_bytes": "9000000000\n",
@@ -131,6 +131,18 @@ def test_cgroup_memory_room_v1_containers_and_hierarchical_limits(tmp_path):
     proc.write_text("4:memory:/docker/abc\n")
     assert memory.cgroup_memory_room(str(proc), mounts) == (
         2221225472, str(box / "memory/memory.stat") + " hierarchical_memory_limit")
+    # a visible ancestor with its own limit counts what its other children use: kube limits 4 GiB with 3.5e9 B used
+    # (the pod 1.0e9 of it): 4294967296 - 3500000000 = 794967296 B, below the pod's hierarchical 4 GiB - 1.0e9
+    _tree(host, {"memory/kube/memory.limit_in_bytes": f"{2**32}\n", "memory/kube/memory.usage_in_bytes": "3500000000\n",
+                 "memory/kube/memory.stat": f"hierarchical_memory_limit {2**32}\ntotal_inactive_file 0\n",
+                 "memory/kube/pod/memory.limit_in_bytes": unlimited,
+                 "memory/kube/pod/memory.usage_in_bytes": "1000000000\n",
+                 "memory/kube/pod/memory.stat": f"hierarchical_memory_limit {2**32}\ntotal_inactive_file 0\n"})
+    proc.write_text("4:memory:/kube/pod\n")
+    assert memory.cgroup_memory_room(str(proc), _mountinfo(tmp_path, "cgroup", "/", host / "memory")) == (
+        794967296, str(host / "memory/kube/memory.limit_in_bytes"))
+    proc.write_text("4:memory:/docker/abc\n")
+    mounts = _mountinfo(tmp_path, "cgroup", "/docker/abc", box / "memory")  # the container's again
     # a malformed limit file is skipped, not raised; no memory controller, no mount, no /proc/self/cgroup: None
     _tree(box, {"memory/memory.limit_in_bytes": "\n", "memory/memory.stat": "total_inactive_file 0\n"})
     assert memory.cgroup_memory_room(str(proc), mounts) is None

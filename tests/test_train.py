@@ -178,8 +178,8 @@ def test_fsdp_two_ranks_equal_one_rank(tmp_path, rollout_is):
         cmd = [TORCHRUN, "--nproc_per_node", str(nproc), "--master_port", str(free_port()), "tests/fsdp_step.py",
                str(out), rollout_is]
         # one process with the machine's threads (what a laptop runs), two with one each (torchrun's default): other
-        # summation orders, which the tolerance below covers. (A one-process run once ended 1.9e-4 away from its own
-        # repeats: oneMKL's first-call race, which importing precision prevents; docs/design.md.)
+        # summation orders, which the tolerance below covers. oneMKL's first-call race, which importing precision
+        # prevents, moved two-thread runs by ~2e-4 (docs/design.md).
         r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=HANG)
         assert r.returncode == 0, r.stderr[-3000:]
         outs[nproc] = torch.load(out)
