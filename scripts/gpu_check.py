@@ -141,8 +141,8 @@ def install_staged():
 
 def run_cmd(cmd, **env):
     """(exit code, output) of cmd run in ROOT, PATHS on PYTHONPATH (add_path), no rank variables. Past the section's
-    budget its process group gets SIGTERM (torchrun passes it on to its workers, each started with
-    start_new_session), then SIGKILL."""
+    budget its process group gets SIGTERM (torchrun passes it on to its workers, each in a process group of its
+    own), then SIGKILL."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **env)
     env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
