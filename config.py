@@ -34,8 +34,8 @@ import data
 import grpo
 import reward
 import rollout
-from memory import free_memory, grad_checkpointing_default, update_memory
-from precision import resolve_dtype
+from machinery.memory import free_memory, grad_checkpointing_default, update_memory
+from machinery.precision import resolve_dtype
 
 
 @dataclass

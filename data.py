@@ -368,7 +368,7 @@ def load(name_or_path, *, split="train", n=None, seed=0, data_dir=None, template
 def model_task(model):
     """The task an embedded model was built for, from its bandpo.json ("" if none).
 
-    make_tiny_model.py records "arithmetic:1,3", make_smollm2.py "data/gsm8k": a path relative to
+    scripts/make_tiny_model.py records "arithmetic:1,3", scripts/make_smollm2.py "data/gsm8k": a path relative to
     this repository, returned as written when it resolves from the working directory (short metric
     names: eval/data/gsm8k/...), else resolved here.
     """

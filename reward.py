@@ -22,7 +22,7 @@ above an `Answer:` line; and when the reference is a plain number, plain numbers
 
 Never hangs, and raises for no text: one linear-time regex pass over the last MAX_SCAN_CHARS
 characters; plain numbers compared exactly here (`fractions.Fraction`); the rest in math-verify
-worker processes under a CPU-time limit (verify_pool.py), so every function is safe from any thread.
+worker processes under a CPU-time limit (machinery/verify_pool.py), so every function is safe from any thread.
 Where math-verify cannot run at all, scoring raises verify_pool.Unavailable (a RuntimeError) rather
 than count the answers that need it wrong.
 Agreement with 228 labelled GSM8K solutions, and throughput: docs/benchmarks.md#reward.
@@ -37,7 +37,7 @@ from fractions import Fraction
 
 import numpy as np
 
-import verify_pool
+from machinery import verify_pool
 
 log = logging.getLogger("reward")
 

@@ -35,12 +35,12 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gener
                           TopPLogitsWarper)
 
 import data
-import vllm_cpu_sleep
-import vllm_logging
-from precision import resolve_dtype
+from machinery import vllm_cpu_sleep
+from machinery import vllm_logging
+from machinery.precision import resolve_dtype
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-# The embedded default policy, built by make_tiny_model.py and committed (bandpo.json: its task)
+# The embedded default policy, built by scripts/make_tiny_model.py and committed (bandpo.json: its task)
 DEFAULT_MODEL = os.path.join(ROOT, "models", "tiny-arith")
 KINDS = ("auto", "vllm", "hf")
 
@@ -118,7 +118,7 @@ def _check_model_path(path):
     looks_local = (os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1
                    or path == "")
     if looks_local:
-        hint = (" (build the default with `python make_tiny_model.py`)" if path == DEFAULT_MODEL
+        hint = (" (build the default with `python scripts/make_tiny_model.py`)" if path == DEFAULT_MODEL
                 else "")
         raise FileNotFoundError(f"model path {path!r} does not exist{hint}")
 

@@ -47,7 +47,7 @@ import eval as evaluation
 import grpo
 import reward
 import rollout
-from checkpoint import (export_hf, latest_checkpoint, load_checkpoint, prune_checkpoints,
+from machinery.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, prune_checkpoints,
                         save_checkpoint)
 from config import (Config, decide_grad_checkpointing, method_defaults,  # noqa: F401 (re-exported)
                     micro_batch_tokens, parse_config, resolve_config, update_memory_gb)

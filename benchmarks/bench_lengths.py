@@ -106,7 +106,7 @@ def main():
     import torch
     import torch.distributed as dist
 
-    import memory
+    from machinery import memory
     import policy
     import train
     from transformers import AutoConfig

@@ -8,7 +8,7 @@ then reads the last math of the reasoning, math-verify's last resort, and most s
 "integer" is AIME / AMC / DAPO-Math-17k (whose answers are all integers); "paper's training mix" is DAPO-Math-17k
 + MATH levels 3-5 (~90% integers); "MATH-500-like" ~60% integers, the rest fractions, radicals, expressions with a
 variable and intervals; the last row has no integer answer at all (every distinct answer goes to math-verify).
-The verdict cache of verify_pool.py is emptied before every row, so each row pays for its
+The verdict cache of machinery/verify_pool.py is emptied before every row, so each row pays for its
 own math-verify calls (math-verify's own parse cache in the workers stays warm, as in training).
 
 Then agreement with the GSM8K authors' correctness labels on 228 real model solutions

@@ -294,7 +294,7 @@ def main(argv=None):
         print(f"bench_vs_trl.py: error: {e}", file=sys.stderr)
         sys.exit(2)
     if a.trl_dtype == "auto":
-        import precision
+        from machinery import precision
         a.trl_dtype = "bfloat16" if precision.resolve_dtype("auto") == "bfloat16" else "float32"
     argv = [*shape_flags(a), "--prompts", str(a.prompts), "--group-size", str(a.group_size), "--steps", str(a.steps),
             "--trl-dtype", a.trl_dtype]

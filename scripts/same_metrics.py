@@ -8,9 +8,11 @@ except the timings (time/*, memory/*, tokens_per_s), which no two runs share. Ex
 need not be.
 
     python scripts/same_metrics.py runs/a/metrics.jsonl runs/b/metrics.jsonl
+    python scripts/same_metrics.py runs/a runs/b          # run directories: their metrics.jsonl
 """
 import argparse
 import json
+import os
 import sys
 
 TIMINGS = ("time/", "memory/", "tokens_per_s")
@@ -18,6 +20,8 @@ MISSING = "<missing>"
 
 
 def load(path):
+    if os.path.isdir(path):  # a run directory
+        path = os.path.join(path, "metrics.jsonl")
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 

@@ -22,7 +22,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.checkpoint.state_dict import (StateDictOptions,  # noqa: E402
                                                      get_model_state_dict)
 
-import checkpoint  # noqa: E402
+from machinery import checkpoint  # noqa: E402
 import grpo  # noqa: E402
 import logprobs  # noqa: E402
 import policy  # noqa: E402

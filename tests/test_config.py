@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import config
-import memory
+from machinery import memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "models", "tiny-arith")
@@ -186,7 +186,7 @@ def test_cgroup_memory_room_sees_this_machines_cgroup_limit():
         pytest.skip("no writable memory cgroup here (needs root and a memory controller)")
     try:
         code = ("import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); sys.path.insert(0, sys.argv[2]); "
-                "import memory; print(*memory.cgroup_memory_room(), sep='\\n')")
+                "from machinery import memory; print(*memory.cgroup_memory_room(), sep='\\n')")
         r = subprocess.run([sys.executable, "-c", code, os.path.join(d, "cgroup.procs"), ROOT], capture_output=True,
                            text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]

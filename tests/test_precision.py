@@ -1,4 +1,4 @@
-"""precision.py's guard on the CPU's float math. PyTorch's CPU wheels (2.10-2.13) bundle oneMKL 2024.2, whose vector
+"""machinery/precision.py's guard on the CPU's float math. PyTorch's CPU wheels (2.10-2.13) bundle oneMKL 2024.2, whose vector
 math library (VML) picks each function's kernel on its first call; when that first call runs on several threads at
 once, one thread can run a low-accuracy kernel for its share (pytorch/pytorch#188792). Importing precision calls
 each VML-backed op once on one thread first (`precision.warm_up_vml`).
@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-import precision
+from machinery import precision
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # one fresh process: import precision (as every entry point of the project does, through rollout.py or config.py),
@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE = """
 import sys
 sys.path.insert(0, sys.argv[1])
-import precision  # noqa: F401
+from machinery import precision  # noqa: F401
 import torch
 torch.set_num_threads(2)
 x = torch.linspace(0.01, 3.0, 3840).reshape(8, 15, 32)  # 3,840 > ATen's grain of 2,048: two threads' shares

@@ -231,7 +231,7 @@ def test_vllm_cpu_sleep_frees_the_kv_cache_and_drops_the_weights(vllm_engine, hf
     After the sync the engine serves (the same samples as before: test_vllm_sleep_wake_keeps_the_engine_output)."""
     if torch.cuda.is_available():
         pytest.skip("on a GPU vLLM's own sleep frees the memory (scripts/gpu_check.py)")
-    import vllm_cpu_sleep
+    from machinery import vllm_cpu_sleep
 
     sampling = Sampling(max_new_tokens=8, seed=5)
     kv_bytes = vllm_engine.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes

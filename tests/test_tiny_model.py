@@ -9,14 +9,17 @@ non-degenerate (pass@8 well above mean@8: groups of 8 mix right and wrong answer
 import json
 import os
 import string
+import sys
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import data
-import make_tiny_model
 import rollout
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import make_tiny_model  # noqa: E402
 
 TEXT = "Answer: 857\n  x = -12 * 3;\tend\n" + string.ascii_letters + string.digits + string.punctuation + " \n"
 

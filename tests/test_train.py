@@ -397,7 +397,7 @@ def test_one_rank_checkpoint_adds_no_thread_and_round_trips(tmp_path, monkeypatc
     what is loaded is what was saved."""
     import torch.distributed as dist
 
-    import checkpoint
+    from machinery import checkpoint
     import rollout
     import train
 

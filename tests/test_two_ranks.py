@@ -15,7 +15,7 @@ import subprocess
 import pytest
 import torch
 
-from precision import cpu_has_native_bf16
+from machinery.precision import cpu_has_native_bf16
 from test_train import HANG, ROOT, TORCHRUN, env, free_port
 
 import rollout

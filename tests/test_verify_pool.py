@@ -1,4 +1,4 @@
-"""verify_pool.py, the worker processes that run math-verify for reward.py: every call comes back in bounded time and
+"""machinery/verify_pool.py, the worker processes that run math-verify for reward.py: every call comes back in bounded time and
 never raises for any text (adversarial inputs, runaway sympy, a hung worker); a slow machine is slow, not wrong
 (workers slow to start are waited for, stalled or killed ones replaced, and the verdicts stay right); where
 math-verify cannot run at all, scoring raises a one-line RuntimeError instead of counting answers wrong; it works
@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import reward
-import verify_pool
+from machinery import verify_pool
 from test_reward import IS_CORRECT_CASES
 
 ADVERSARIAL = {

