@@ -1,0 +1,412 @@
+"""The clip's mechanism one update at a time: paired branches of a training trajectory.
+
+The paper (docs/paper.md §3; arXiv 2603.04918 §3) argues causally: the fixed clip caps the rise of rare
+positive-advantage tokens, which drains the entropy; Band's wider bounds for rare tokens keep it. Here
+that is measured per rollout. A base trajectory trains as train.py does (same rollouts, rewards,
+advantages, policy.update_policy). At every k-th rollout (a branch point) the weights, AdamW state and
+RNGs are snapshot, a fresh probe is sampled from the current policy on held-out prompts, and each arm
+is restored and given that one rollout's optimizer steps (same batch, advantages, old log-probs). Per
+arm and branch (one line of pairs.jsonl, keys below): the entropy change on the probe (teacher-forced),
+the same re-weighted by sequence importance weights (what a rollout of the new policy would log), the
+change on the rollout's own tokens, KL(old || new) on the probe, and the token anatomy (old-probability
+bin x advantage sign). Then the base trajectory advances by its own method's arm, exactly as train.py.
+
+Checks built in: every arm's first mini-batch ratio is exactly 1 (the restore worked; the old
+log-probs are one no-grad pass over all rows), and at each seed's first branch point the first arm is
+run twice and must give the same readings bit for bit. Arms: any band.BOUNDS method (its published
+eps, --delta for the bands), plus `clip-upper` (the clip's upper side alone: lower bound 0, as no-clip)
+and `clip-lower` (its lower side alone: upper bound --max-ratio, as no-clip).
+
+    python experiments/drift.py --seeds 0,1 --branches 60 --out runs/drift-toy \\
+        -- --lr 1e-4 --mini-batch-prompts 2 --train-dtype float32     # flags after -- go to Config
+    python experiments/drift.py --resume --seeds 0,1 --branches 60 --out runs/drift-toy   # continue
+    python experiments/drift.py --analyse runs/drift-toy   # drift_report.py: drift.md and the figure
+
+Departures from train.py: the HF engine by default (its generate is cheap on the tiny model and
+needs no vLLM start), no evaluation, one checkpoint per branch point (for --resume).
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+from torch.distributed.fsdp import FSDPModule
+from tqdm import tqdm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import band  # noqa: E402
+import data  # noqa: E402
+import grpo  # noqa: E402
+import policy  # noqa: E402
+import rollout  # noqa: E402
+import train  # noqa: E402
+from config import method_defaults, parse_config, resolve_config  # noqa: E402
+from logprobs import pack  # noqa: E402
+from machinery.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint  # noqa: E402
+
+ARMS = ("clip", "noclip", "bandkl", "clip-upper", "clip-higher")  # the protocol's arms
+PROBE_SEED_OFFSET = 1 << 41  # probe sampling seeds never meet a rollout's or an evaluation's (1 << 40)
+P_EDGES = (0.0, 0.05, 0.2, 0.5, 0.8, 1.0)  # anatomy bins of the old probability; last one closed
+SIGNS = ("+", "-", "0")  # advantage sign of a token's response
+TRAIN_DEFAULTS = ["--method", "clip", "--reward", "random", "--rollout", "hf", "--eval-every", "0",
+                  "--no-export-hf", "--save-every", "0"]  # before the user's flags, which win
+
+
+# --- arms ------------------------------------------------------------------------------------------
+def arm_config(cfg, arm):
+    """The Config an arm trains with: a band.BOUNDS method with its published eps (the base's
+    --delta and --max-ratio), or one side of the clip alone."""
+    if arm in band.BOUNDS:
+        return method_defaults(dataclasses.replace(cfg, method=arm, eps_low=None, eps_high=None))
+    clip = method_defaults(dataclasses.replace(cfg, method="clip", eps_low=None, eps_high=None))
+    if arm == "clip-upper":  # lower bound 1 - 1 = 0: no-clip's
+        return dataclasses.replace(clip, eps_low=1.0)
+    if arm == "clip-lower":  # upper bound 1 + (max_ratio - 1), capped at max_ratio: no-clip's
+        return dataclasses.replace(clip, eps_high=cfg.max_ratio - 1)
+    raise ValueError(f"unknown arm {arm!r}; valid: {', '.join(sorted(band.BOUNDS))}, clip-upper, "
+                     f"clip-lower")
+
+
+def _bounds_key(cfg):
+    return (cfg.method, cfg.eps_low, cfg.eps_high, cfg.delta, cfg.max_ratio, cfg.clip_c)
+
+
+# --- snapshot and restore ------------------------------------------------------------------------
+def reshard(model):
+    """With one rank FSDP2 keeps the gathered weights after a forward (policy.build_model): the
+    module's parameters are then the unsharded copies, and weights written into the sharded ones
+    are not seen until the module is resharded. Resharding first makes both hold."""
+    if hasattr(policy, "reshard"):
+        return policy.reshard(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def snapshot(model, optimizer):
+    """Copies of the weights, the AdamW state and the RNGs (the optimizer's own parameter objects:
+    the sharded ones it steps)."""
+    reshard(model)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    state = {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer.state[p].items()}
+             for i, p in enumerate(params) if p in optimizer.state}
+    return ([p.detach().clone() for p in params], state, torch.get_rng_state(), random.getstate())
+
+
+@torch.no_grad()
+def restore(model, optimizer, snap):
+    weights, state, torch_rng, py_rng = snap
+    reshard(model)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for p, w in zip(params, weights):
+        p.copy_(w)
+    optimizer.state.clear()
+    for i, st in state.items():
+        optimizer.state[params[i]] = {k: v.clone() if torch.is_tensor(v) else v
+                                      for k, v in st.items()}
+    torch.set_rng_state(torch_rng)
+    random.setstate(py_rng)
+    reshard(model)
+
+
+@contextlib.contextmanager
+def recording():
+    """update_policy looks policy.micro_batch_loss up at each call: wrapped, it hands back every
+    micro-batch's log π at the moment of its forward (before that mini-batch's optimizer step), in
+    the order of policy.plan_micro_batches."""
+    seen, inner = [], policy.micro_batch_loss
+
+    def wrapped(*args, **kwargs):
+        out = inner(*args, **kwargs)
+        seen.append(out[2].detach())
+        return out
+    policy.micro_batch_loss = wrapped
+    try:
+        yield seen
+    finally:
+        policy.micro_batch_loss = inner
+
+
+# --- readings ------------------------------------------------------------------------------------
+@torch.no_grad()
+def probe_logq(model, probe, cfg):
+    """Teacher-forced log-softmax(logits / T) at every probe response position: (B, T, V), as
+    logprobs.sequence_logprobs builds its positions (the whole vocabulary is kept for KL)."""
+    T, out = probe.mask.shape[1], []
+    pos = (probe.attn.cumsum(-1) - 1).clamp(min=0)
+    for i in range(0, len(probe), cfg.micro_batch_size):
+        rows = slice(i, i + cfg.micro_batch_size)
+        logits = model(input_ids=probe.input_ids[rows], attention_mask=probe.attn[rows],
+                       position_ids=pos[rows], logits_to_keep=T + 1).logits[:, :-1]  # (b, T, V)
+        out.append(torch.log_softmax(logits.double() / cfg.temperature, -1))
+    return torch.cat(out)
+
+
+def probe_readings(old, new, probe):
+    """Entropy change per probe token, its importance-weighted version and KL(old || new), from the
+    (B, T, V) log-softmaxes before and after an arm's updates. The weighted version is what a
+    rollout of the new policy would log as its token-mean entropy: Σ_i w_i Σ_t H_new / Σ_i w_i n_i
+    with w_i ∝ π_new(y_i) / π_old(y_i) (self-normalised), minus the old mean."""
+    m = probe.mask.double()                                                  # (B, T)
+    ids = probe.input_ids[:, probe.n_prompt:].unsqueeze(-1)                  # (B, T, 1)
+    H_old = -(old.exp() * old).sum(-1)                                       # (B, T)
+    H_new = -(new.exp() * new).sum(-1)
+    kl = (old.exp() * (old - new)).sum(-1)                                   # (B, T)
+    dlogp = (new.gather(-1, ids) - old.gather(-1, ids))[..., 0] * m          # (B, T)
+    w = torch.softmax(dlogp.sum(-1), 0)                                      # (B,) sequence weights
+    n, h_old = m.sum(), (H_old * m).sum() / m.sum()
+    return {"dH_probe": ((H_new - H_old) * m).sum().item() / n.item(),
+            "dH_probe_is": ((w * (H_new * m).sum(-1)).sum() / (w * m.sum(-1)).sum() - h_old).item(),
+            "kl": (kl * m).sum().item() / n.item(), "H_probe": h_old.item(),
+            "ess": (1 / (w ** 2).sum()).item() / len(w), "probe_tokens": int(n.item())}
+
+
+def anatomy(old_logp, new_logp, old_ent, new_ent, upd_logp, advantages, mask, cfg):
+    """The cells of old-probability bin x advantage sign on the rollout's tokens: tokens, Σ Δlog p,
+    Σ entropy change at those positions, and the tokens the arm's band clipped during its optimizer
+    step, upward (Â > 0, r > upper) and downward (Â < 0, r < lower), as grpo._clip_metrics counts
+    them, r taken from the forward of the token's own mini-batch (`upd_logp`)."""
+    m = mask.bool()                                                          # (B, T)
+    p = old_logp.exp()
+    adv = advantages.unsqueeze(-1).expand_as(old_logp)                       # (B, T)
+    lower, upper = band.ratio_bounds(old_logp, cfg.method, delta=cfg.delta, eps_low=cfg.eps_low,
+                                     eps_high=cfg.eps_high, max_ratio=cfg.max_ratio)
+    r = (upd_logp - old_logp).clamp(-20.0, 20.0).exp()
+    up, down = (adv > 0) & (r > upper), (adv < 0) & (r < lower)              # (B, T)
+    dlogp, dH = (new_logp - old_logp).double(), (new_ent - old_ent).double()
+    cells, last = [], len(P_EDGES) - 2
+    for k, (lo, hi) in enumerate(zip(P_EDGES[:-1], P_EDGES[1:])):
+        in_bin = (p >= lo) & ((p < hi) if k < last else (p <= hi))
+        for sign, s in zip(SIGNS, (adv > 0, adv < 0, adv == 0)):
+            c = in_bin & s & m
+            cells.append({"p": [lo, hi], "adv": sign, "tokens": int(c.sum()),
+                          "dlogp_sum": dlogp[c].sum().item(), "dH_sum": dH[c].sum().item(),
+                          "up": int((c & up).sum()), "down": int((c & down).sum())})
+    return cells
+
+
+# --- one rollout, as train.py ----------------------------------------------------------------------
+def rollout_batch(engine, records, cfg, step, device):
+    """train.py's rollout of `step`: prompts, completions, coins or scores, group advantages."""
+    prompts = train.prompt_batch(records, step, cfg)
+    ids = [r["prompt_ids"] for r in prompts]
+    sampling = rollout.Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
+                                max_new_tokens=cfg.max_new_tokens,
+                                seed=cfg.seed * 1_000_003 + step * train.WORLD + train.RANK,
+                                logprobs=True)
+    completions = engine.generate(ids, cfg.group_size, sampling)
+    rewards = train.train_rewards(completions, prompts, cfg, step)
+    advantages = grpo.group_advantages(rewards, cfg.group_size, norm_by_std=cfg.norm_by_std)
+    return pack(ids, completions, device), advantages.to(device)
+
+
+def base_update(model, optimizer, cfg, batch, advantages):
+    """A rollout's updates exactly as train.py makes them (π_old's first mini-batch from the update)."""
+    old_logp, old_entropy = None, None
+    if not policy.on_policy(cfg):
+        old_logp, old_entropy = policy.batch_logprobs(model, cfg, batch, with_entropy=True,
+                                                      skip_first=True)
+    policy.update_policy(model, optimizer, cfg, batch, advantages, old_logp, None, old_entropy)
+
+
+def arm_update(model, optimizer, cfg, batch, advantages, old_logp, old_ent, probe, probe_old):
+    """One arm's optimizer steps on the rollout from the restored state, and its readings."""
+    with recording() as seen:
+        sums, _, _ = policy.update_policy(model, optimizer, cfg, batch, advantages, old_logp.clone())
+    if sums["sum_first_abs_dev"].item() != 0:
+        raise RuntimeError(f"arm {cfg.method}: first mini-batch ratio is not exactly 1 "
+                           f"(Σ|r - 1| = {sums['sum_first_abs_dev'].item():.3g}): restore failed")
+    plan = policy.plan_micro_batches(len(batch), cfg, batch.spans, batch.input_ids.device)
+    upd_logp = torch.zeros_like(old_logp)                                    # (B, T)
+    for rows, lp in zip([mb for _, mbs in plan for mb in mbs], seen):
+        upd_logp[rows] = lp
+    new_logp, new_ent = policy.batch_logprobs(model, cfg, batch, with_entropy=True)
+    m = batch.mask.double()
+    out = probe_readings(probe_old, probe_logq(model, probe, cfg), probe)
+    out.update(dH_train=((new_ent - old_ent) * m).sum().item() / m.sum().item(),
+               dlogp_train=((new_logp - old_logp) * m).sum().item() / m.sum().item(),
+               H_train=(old_ent * m).sum().item() / m.sum().item(), tokens=int(m.sum().item()),
+               n_upper=int(sums["n_upper"].item()), n_lower=int(sums["n_lower"].item()),
+               first_abs_dev=sums["sum_first_abs_dev"].item(),
+               cells=anatomy(old_logp, new_logp, old_ent, new_ent, upd_logp, advantages,
+                             batch.mask, cfg))
+    return out
+
+
+def branch(model, optimizer, cfg, arms, batch, advantages, probe, repeat_first=False):
+    """Every arm from the same state on the same rollout; the model ends on the base's update (its
+    own arm, run last, or a separate one). -> [readings per arm]."""
+    old_logp, old_ent = policy.batch_logprobs(model, cfg, batch, with_entropy=True)  # (B, T) all rows
+    probe_old = probe_logq(model, probe, cfg)
+    snap = snapshot(model, optimizer)
+    base = _bounds_key(cfg)
+    order = sorted(range(len(arms)), key=lambda i: _bounds_key(arm_config(cfg, arms[i])) == base)
+    runs = ([0] if repeat_first else []) + order
+    out = [None] * len(arms)
+    for j, i in enumerate(runs):
+        restore(model, optimizer, snap)
+        acfg = arm_config(cfg, arms[i])
+        r = arm_update(model, optimizer, acfg, batch, advantages, old_logp, old_ent, probe,
+                       probe_old)
+        r.update(arm=arms[i], method=acfg.method, eps_low=acfg.eps_low, eps_high=acfg.eps_high,
+                 delta=acfg.delta)
+        if repeat_first and j == 0:
+            first = r
+        elif out[i] is None:
+            out[i] = r
+        if repeat_first and j > 0 and i == 0 and r != first:
+            raise RuntimeError(f"arm {arms[0]} run twice from the same state gave different readings")
+    if _bounds_key(arm_config(cfg, arms[order[-1]])) != base:
+        restore(model, optimizer, snap)
+        base_update(model, optimizer, cfg, batch, advantages)
+    return out
+
+
+# --- a seed's trajectory ---------------------------------------------------------------------------
+def load_prompts(cfg, tokenizer, n_probe):
+    """train.py's training prompts, and `n_probe` held-out probe prompts (the eval split)."""
+    train_recs = [r for name in data.split_names(cfg.data) for r in data.load(
+        name, split="train", seed=cfg.seed, n=100_000 if name.startswith("arithmetic") else None)]
+    ids, kept, _ = data.tokenize_prompts(train_recs, tokenizer, cfg.max_prompt_len)
+    names = data.split_names(cfg.eval_data) or data.split_names(cfg.data)
+    probe = [r for name in names for r in data.load(
+        name, split="test", seed=PROBE_SEED_OFFSET + cfg.seed,
+        n=n_probe if name.startswith("arithmetic") else None)]
+    pids, _, _ = data.tokenize_prompts(probe, tokenizer, cfg.max_prompt_len)
+    return [dict(r, prompt_ids=i) for r, i in zip(kept, ids)], pids
+
+
+def read_pairs(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def run_seed(args, cfg, engine, tokenizer, device, bar):
+    """One base trajectory with its branch points, appended to <out>/seeds/s<seed>.jsonl; resumable
+    from the checkpoint written after each branch point."""
+    run_dir = os.path.join(args.out, f"s{cfg.seed}")
+    pairs_file = os.path.join(args.out, "seeds", f"s{cfg.seed}.jsonl")
+    total = args.branches * args.every
+    ckpt = latest_checkpoint(run_dir) if os.path.isdir(run_dir) else None
+    if ckpt and not args.resume:
+        raise SystemExit(f"drift.py: {run_dir} exists; pass --resume to continue it")
+    n_probe = args.probe_prompts
+    records, probe_ids = load_prompts(cfg, tokenizer, n_probe * args.branches)
+    model = policy.build_model(cfg, device)
+    optimizer = policy.make_optimizer(model, cfg)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    start = load_checkpoint(ckpt, model, optimizer) if ckpt else 0
+    kept = [r for r in read_pairs(pairs_file) if r["step"] < start] \
+        if os.path.isfile(pairs_file) else []
+    os.makedirs(os.path.dirname(pairs_file), exist_ok=True)
+    with open(pairs_file + ".tmp", "w") as f:  # lines past the checkpoint are redone
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+    os.replace(pairs_file + ".tmp", pairs_file)
+    bar.update(start)
+    rollout.sync_weights(engine, model)
+    for step in range(start, total):
+        t0, c0 = time.time(), time.process_time()
+        batch, advantages = rollout_batch(engine, records, cfg, step, device)
+        if step % args.every:
+            base_update(model, optimizer, cfg, batch, advantages)
+        else:
+            b = step // args.every  # a fresh slice of held-out prompts per branch point
+            ids = [probe_ids[(b * n_probe + i) % len(probe_ids)] for i in range(n_probe)]
+            sampling = rollout.Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
+                                        max_new_tokens=cfg.max_new_tokens,
+                                        seed=PROBE_SEED_OFFSET + cfg.seed * 1_000_003 + step)
+            probe = pack(ids, engine.generate(ids, args.probe_samples, sampling), device)
+            rows = branch(model, optimizer, cfg, args.arms, batch, advantages, probe,
+                          repeat_first=step == 0 or args.check_all)
+            with open(pairs_file, "a") as f:
+                for r in rows:
+                    f.write(json.dumps({"seed": cfg.seed, "step": step, **r,
+                                        "time_s": time.time() - t0,
+                                        "cpu_s": time.process_time() - c0}) + "\n")
+        rollout.sync_weights(engine, model)
+        if step % args.every == 0 or step + 1 == total:
+            save_checkpoint(run_dir, step + 1, model, optimizer, cfg)
+            prune_checkpoints(run_dir, 1)
+        bar.update(1)
+    del model, optimizer
+
+
+def merge(out):
+    """<out>/pairs.jsonl: every seed's lines, sorted by (seed, step), written atomically."""
+    folder = os.path.join(out, "seeds")
+    rows = [r for name in sorted(os.listdir(folder)) if name.endswith(".jsonl")
+            for r in read_pairs(os.path.join(folder, name))]
+    rows.sort(key=lambda r: (r["seed"], r["step"]))
+    tmp = os.path.join(out, f"pairs.jsonl.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    os.replace(tmp, os.path.join(out, "pairs.jsonl"))
+    return len(rows)
+
+
+def parse_args(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Flags after -- are "
+                                 "train.py's (Config); defaults here: " + " ".join(TRAIN_DEFAULTS))
+    ap.add_argument("--seeds", default="0", help="base trajectories, comma-separated (the units)")
+    ap.add_argument("--branches", type=int, default=60, help="branch points per trajectory")
+    ap.add_argument("--every", type=int, default=1, help="rollouts from one branch point to the next")
+    ap.add_argument("--arms", default=",".join(ARMS),
+                    help="band.BOUNDS methods, clip-upper, clip-lower (comma-separated)")
+    ap.add_argument("--probe-prompts", type=int, default=64, help="held-out prompts per probe")
+    ap.add_argument("--probe-samples", type=int, default=4, help="samples per probe prompt")
+    ap.add_argument("--check-all", action="store_true",
+                    help="run the first arm twice at every branch point, not only the first")
+    ap.add_argument("--out", default="runs/drift", help="run directory: pairs.jsonl, seeds/, s<seed>/")
+    ap.add_argument("--resume", action="store_true", help="skip finished (seed, step), continue")
+    ap.add_argument("--analyse", metavar="PAIRS", help="write the report of a pairs.jsonl (or run "
+                    "directory) with drift_report.py, and train nothing")
+    args = ap.parse_args(ours)
+    args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    args.arms = [a for a in args.arms.split(",") if a]
+    return args, rest
+
+
+def main(argv=None):
+    args, rest = parse_args(argv)
+    if args.analyse:
+        import drift_report
+        return drift_report.main([args.analyse] + rest)
+    cfg = resolve_config(parse_config(TRAIN_DEFAULTS + rest))
+    for arm in args.arms:
+        arm_config(cfg, arm)  # unknown arms fail before anything starts
+    policy.check_batch_shape(cfg, 1)
+    os.makedirs(args.out, exist_ok=True)
+    import transformers
+    from transformers import AutoTokenizer
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    device = train.init_distributed()
+    cfg, _, _ = train.decide_grad_checkpointing(cfg, device)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    engine = rollout.make_engine(cfg.rollout, cfg.model, tokenizer=tokenizer, seed=cfg.seed,
+                                 dtype=cfg.rollout_dtype,
+                                 max_model_len=cfg.max_prompt_len + cfg.max_new_tokens)
+    total = len(args.seeds) * args.branches * args.every
+    with tqdm(total=total, desc="rollouts", dynamic_ncols=True,
+              mininterval=1 if sys.stderr.isatty() else 60) as bar:
+        for seed in args.seeds:
+            run_seed(args, dataclasses.replace(cfg, seed=seed, out_dir=args.out), engine,
+                     tokenizer, device, bar)
+    n = merge(args.out)
+    print(f"{n} lines in {os.path.join(args.out, 'pairs.jsonl')}")
+    engine.close()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
