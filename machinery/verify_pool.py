@@ -12,9 +12,11 @@ it where it can be stopped. The authors' reward, an exact string match, needs no
 - Limits are CPU time, which a busy machine does not trip: CPU_LIMIT_S per check in the worker, and
   CPU_KILL_S, after which the parent kills it (C code no signal stops); the answer counts as wrong.
   A slow machine is slow, not wrong: the wall clock only notices a worker that gains no CPU time for
-  STALL_S (stopped, hung; read from /proc), which is replaced and its check retried. A slow start is
-  waited for, with a log line after SLOW_START_S. Where math-verify cannot run (a worker reports an
-  import error or a failed self-check; START_ATTEMPTS failed starts in a row), `verify` raises
+  STALL_S (stopped, hung), which is replaced and its check retried. CPU time comes from /proc, else
+  psutil; where neither reads it (macOS without psutil) the wall clock decides: WALL_KILL_S. A slow
+  start is waited for, logged after SLOW_START_S. A check interrupted before its reply (Ctrl-C)
+  kills its worker: that reply would answer the next check. Where math-verify cannot run (an import
+  error or a failed self-check; START_ATTEMPTS failed starts in a row), `verify` raises
   Unavailable, a RuntimeError, rather than score answers wrong; the next call tries again.
 - NUM_WORKERS processes (BANDPO_REWARD_WORKERS, default min(4, cores)), started by the first
   check. One JSON [pred, gold] per stdin line, one `true`/`false` per stdout line; verdicts cached
@@ -37,12 +39,19 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+try:  # CPU time where /proc is missing (macOS)
+    import psutil
+except ImportError:
+    psutil = None
+
 log = logging.getLogger("verify_pool")
 
 CPU_LIMIT_S = 0.5      # CPU time one math-verify check may use in a worker (typical: 1-60 ms)
 CPU_KILL_S = 2.0       # worker CPU time in one check after which the parent kills the worker
 START_CPU_S = 60.0     # worker CPU time to import math-verify (~1-2 s) beyond which a start failed
 STALL_S = 60.0         # wall seconds without any CPU time gained: the worker is hung (not slow)
+WALL_KILL_S = 10.0     # no CPU time readable: a check's wall seconds (CPU_LIMIT_S at 5% of a core)
+START_WALL_S = 300.0   # no CPU time readable: a start's wall seconds (~1-2 s of CPU)
 SLOW_START_S = 20.0    # wall seconds of a start after which a log line says that we wait for it
 START_ATTEMPTS = 3     # failed starts in a row after which `verify` raises Unavailable
 NUM_WORKERS = int(os.environ.get("BANDPO_REWARD_WORKERS", min(4, os.cpu_count() or 1)))
@@ -66,15 +75,12 @@ def _as_latex(s):
 
 def _clearly_different(g, p):
     """Whether two parsed sympy expressions differ numerically at a fixed generic point of their
-    free symbols.
-
-    math-verify spends most of its time in sympy.simplify proving that *wrong* answers are unequal;
-    a numeric difference far beyond its rounding (6 decimals) settles that in ~1 ms. Only plain
-    expressions are tested: sets, intervals, tuples, relations and matrices, and anything that does
-    not evaluate, go to math-verify. A predicted equation against a plain reference is its right
-    side, as math-verify compares it (grader.py sympy_expr_eq: "x = 3" vs 3), which keeps the last
-    math of a cut-off completion cheap to reject.
-    """
+    free symbols. math-verify spends most of its time in sympy.simplify proving that *wrong* answers
+    are unequal; a numeric difference far beyond its rounding (6 decimals) settles that in ~1 ms.
+    Only plain expressions are tested: sets, intervals, tuples, relations and matrices, and anything
+    that does not evaluate, go to math-verify. A predicted equation against a plain reference is its
+    right side, as math-verify compares it (grader.py sympy_expr_eq: "x = 3" vs 3), which keeps the
+    last math of a cut-off completion cheap to reject."""
     # deferred: only workers run this, so the parent (a trainer) never pays the import (~0.6 s)
     import sympy
 
@@ -92,8 +98,7 @@ def _clearly_different(g, p):
 
 
 class _CpuTimeout(BaseException):
-    """Raised by the CPU-time timer; a BaseException so that math-verify's `except Exception`
-    cannot swallow it."""
+    """Raised by the CPU-time timer: a BaseException, which math-verify's `except` lets through."""
 
 
 def _on_cpu_timeout(signum, frame):
@@ -101,13 +106,11 @@ def _on_cpu_timeout(signum, frame):
 
 
 def _math_verify(pred, gold, cpu_limit=CPU_LIMIT_S):
-    """The math-verify comparison, limited to `cpu_limit` seconds of CPU time (raises _CpuTimeout
-    beyond; None: no limit).
-
-    The limit is a CPU-time timer (ITIMER_VIRTUAL / SIGVTALRM) instead of math-verify's wall-clock
-    SIGALRM, so a busy machine (a trainer and vLLM on the same cores) does not turn slow-but-legit
-    checks into timeouts; it stops runaway sympy work (9^{9^{9^{9}}} comes back wrong). Signals:
-    call it only from a main thread, which the worker processes are.
+    """The math-verify comparison, limited to `cpu_limit` seconds of CPU time (beyond: raises
+    _CpuTimeout; None: no limit). The limit is a CPU-time timer (ITIMER_VIRTUAL / SIGVTALRM) instead
+    of math-verify's wall-clock SIGALRM, so a busy machine (a trainer and vLLM on the same cores)
+    does not turn slow-but-legit checks into timeouts; it stops runaway sympy work (9^{9^{9^{9}}}
+    comes back wrong). Signals: call it only from a main thread, which the worker processes are.
     """
     from math_verify import parse, verify  # deferred, as sympy above (~0.8 s)
 
@@ -142,8 +145,7 @@ def _serve(cpu_limit):
     # math-verify warns that its own timeouts are off: ours replace them
     logging.disable(logging.WARNING)
     try:
-        # also the warm-up: the first parse builds the LaTeX parser, which must not count against
-        # a check's CPU limit
+        # also the warm-up: the LaTeX parser, built by the first parse, counts against no check
         for pred, gold, expected in SELF_CHECK:
             if _math_verify(pred, gold, cpu_limit=None) is not expected:
                 raise RuntimeError(f"math-verify's self-check failed: verify({pred!r}, {gold!r}) "
@@ -177,10 +179,19 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def _cpu_seconds(pid):
-    """CPU time used so far by process `pid`, from /proc; None where unreadable. Its main thread's
-    time in nanoseconds where the kernel keeps it (schedstat; a worker computes in its main
-    thread), else the whole process's in clock ticks (stat; 10 ms: a worker starved by busier
-    processes may gain none in a second)."""
+    """CPU time used so far by process `pid`: /proc, else psutil; None where neither reads it."""
+    cpu = _proc_cpu_seconds(pid)
+    if cpu is not None or psutil is None:
+        return cpu
+    try:
+        return sum(psutil.Process(pid).cpu_times()[:2])  # user, system
+    except (psutil.Error, OSError):
+        return None
+
+
+def _proc_cpu_seconds(pid):
+    """Its main thread's time in ns where the kernel keeps it (schedstat: a worker computes there),
+    else the process's in clock ticks (stat; 10 ms: a starved worker may gain none in a second)."""
     try:
         with open(f"/proc/{pid}/schedstat") as f:
             return int(f.read().split()[0]) / 1e9
@@ -218,7 +229,8 @@ class _Worker:
         self.poller.register(self.proc.stdout.fileno(), select.POLLIN)
 
     def kill(self):
-        """Stop the process; its exit status (negative: the signal), or None."""
+        """Stop the process (a next check starts another); its exit status (negative: a signal)."""
+        self.ready = False
         if self.proc is None:
             return None
         try:
@@ -237,9 +249,10 @@ class _Worker:
     def has_output(self):
         return self.proc is not None and (b"\n" in self.buf or bool(self.poller.poll(0)))
 
-    def _next_line(self, cpu_until):
+    def _next_line(self, cpu_until, wall_until):
         """The worker's next line (bytes), or why none will come: "died"; "cpu" (its CPU time passed
-        `cpu_until`, None: no limit); "stalled" (it gained no CPU time in STALL_S of wall clock)."""
+        `cpu_until`, None: no limit); "stalled" (it gained no CPU time in STALL_S of wall clock);
+        "wall" (its CPU time cannot be read, and the monotonic clock passed `wall_until`)."""
         fd, pid = self.proc.stdout.fileno(), self.proc.pid
         cpu, last_progress = _cpu_seconds(pid), time.monotonic()
         while b"\n" not in self.buf:
@@ -251,9 +264,12 @@ class _Worker:
                 continue
             now, was = time.monotonic(), cpu
             cpu = _cpu_seconds(pid)
-            if cpu is not None and cpu_until is not None and cpu > cpu_until:
+            if cpu is None:  # no stall rule without CPU time: it would kill what is merely slow
+                if now > wall_until:
+                    return "wall"
+            elif cpu_until is not None and cpu > cpu_until:
                 return "cpu"
-            if cpu is not None and cpu != was:  # any CPU time gained: slow, not hung
+            elif cpu != was:  # any CPU time gained: slow, not hung
                 last_progress = now
             elif now - last_progress > STALL_S:
                 return "stalled"
@@ -274,7 +290,7 @@ class _Worker:
         if self.proc is None:
             reason, self.spawn_error = self.spawn_error, None  # the next call spawns again
             return reason, False
-        line = self._next_line(START_CPU_S)
+        line = self._next_line(START_CPU_S, self.started + START_WALL_S)
         if line == b'"ready"':
             self.ready = True
             return None
@@ -283,10 +299,11 @@ class _Worker:
             how = "unknown status" if code is None else (
                 f"signal {-code}" if code < 0 else f"exit code {code}")
             return f"a worker exited while starting ({how})", False
-        if line == "stalled":
-            return f"a starting worker used no CPU time for {STALL_S:.0f} s", False
-        if line == "cpu":
-            return f"a worker used {START_CPU_S:.0f} s of CPU time without starting", False
+        lost = {"stalled": f"a starting worker used no CPU time for {STALL_S:.0f} s",
+                "cpu": f"a worker used {START_CPU_S:.0f} s of CPU time without starting",
+                "wall": f"a worker did not start in {START_WALL_S:.0f} s"}
+        if line in lost:
+            return lost[line], False
         try:
             return json.loads(line)["error"], True
         except (ValueError, TypeError, KeyError):
@@ -294,14 +311,15 @@ class _Worker:
 
     def check(self, pred, gold):
         """math-verify's verdict (a bool) from a ready worker, or how the worker was lost: "died",
-        "stalled" or "cpu" (see _next_line)."""
+        "stalled", "cpu" or "wall" (see _next_line)."""
         cpu = _cpu_seconds(self.proc.pid)
         try:
             self.proc.stdin.write((json.dumps([pred, gold]) + "\n").encode())
             self.proc.stdin.flush()
         except OSError:
             return "died"
-        reply = self._next_line(None if cpu is None else cpu + CPU_KILL_S)
+        reply = self._next_line(None if cpu is None else cpu + CPU_KILL_S,
+                                time.monotonic() + WALL_KILL_S)
         if reply in (b"true", b"false"):
             return reply == b"true"
         return reply if isinstance(reply, str) else "died"  # anything else: the protocol broke
@@ -352,7 +370,7 @@ class _Pool:
                 w.kill()
                 STATS["restarts"] += 1
                 w.start()
-                if verdict == "cpu":  # past CPU_KILL_S: C code the worker's own timer cannot stop
+                if verdict in ("cpu", "wall"):  # C code the worker's own timer cannot stop
                     STATS["timeouts"] += 1
                     return False
                 lost.append(verdict)  # died or stalled: not the answer's verdict, so once again
@@ -363,6 +381,9 @@ class _Pool:
                 return False
             raise Unavailable(f"verify_pool: math-verify workers were lost twice ("
                               f"{' then '.join(lost)}) on {pred[:100]!r} against {gold[:100]!r}")
+        except BaseException:  # interrupted (Ctrl-C) or failed: a reply may be on its way
+            w.kill()
+            raise
         finally:
             with self.cond:
                 self.idle.append(w)

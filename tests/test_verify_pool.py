@@ -4,6 +4,7 @@ never raises for any text (adversarial inputs, runaway sympy, a hung worker); a 
 math-verify cannot run at all, scoring raises a one-line RuntimeError instead of counting answers wrong; it works
 with file descriptors above 1024, from several threads at once, and in a forked child."""
 
+import importlib.util
 import multiprocessing
 import os
 import signal
@@ -197,6 +198,105 @@ def test_pool_recovers_after_its_workers_are_killed_or_hung(monkeypatch):
     finally:
         close_pool()
 
+
+
+def runaway_check_is_killed(monkeypatch):
+    """A check that only the parent can stop (the worker's own CPU limit raised to 30 s, as in
+    test_cpu_overrun_is_killed_and_replaced) comes back wrong within the hang guard, counted as a timeout, and the
+    replaced worker judges right."""
+    fresh_pool(monkeypatch)
+    monkeypatch.setattr(verify_pool, "CPU_LIMIT_S", 30.0)
+    timeouts = reward.STATS["timeouts"]
+    try:
+        t = time.monotonic()
+        assert verify_pool.verify("(9^9)!", "7") is False
+        assert time.monotonic() - t < HANG_S
+        assert reward.STATS["timeouts"] == timeouts + 1
+        assert verify_pool.verify("\\sqrt{12}", "2\\sqrt{3}") is True
+    finally:
+        close_pool()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("psutil") is None, reason="psutil is not installed")
+def test_without_proc_psutil_reads_the_cpu_time(monkeypatch):
+    """Where /proc cannot be read (macOS), the CPU time comes from psutil: this process's agrees with os.times()
+    to one clock tick (both count ticks), and a worker is killed at CPU_KILL_S of CPU time (0.1 s here), with the
+    wall-clock deadline out of reach (1,000 s)."""
+    monkeypatch.setattr(verify_pool, "_proc_cpu_seconds", lambda pid: None)
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    before = os.times()
+    cpu = verify_pool._cpu_seconds(os.getpid())
+    after = os.times()
+    assert before.user + before.system - tick <= cpu <= after.user + after.system + tick
+    monkeypatch.setattr(verify_pool, "CPU_KILL_S", 0.1)
+    monkeypatch.setattr(verify_pool, "WALL_KILL_S", 1000.0)
+    runaway_check_is_killed(monkeypatch)
+
+
+def test_without_cpu_time_a_check_gets_a_wall_clock_deadline(monkeypatch):
+    """Where no CPU time can be read at all (no /proc, no psutil), a check gets WALL_KILL_S (2 s here) of wall clock:
+    a runaway check comes back wrong, as the CPU limit makes it where the time can be read. The stall rule needs CPU
+    time and does not apply (with it, at STALL_S = 1 s, the worker would be replaced, the check retried, and
+    Unavailable raised): a worker that runs nothing for longer than STALL_S (frozen 1.5 s) still gets its verdict
+    within the default WALL_KILL_S."""
+    monkeypatch.setattr(verify_pool, "_cpu_seconds", lambda pid: None)
+    monkeypatch.setattr(verify_pool, "WALL_KILL_S", 2.0)
+    monkeypatch.setattr(verify_pool, "STALL_S", 1.0)
+    runaway_check_is_killed(monkeypatch)
+    fresh_pool(monkeypatch)
+    monkeypatch.setattr(verify_pool, "WALL_KILL_S", 10.0)  # the default: the frozen check must not reach it
+    try:
+        assert verify_pool.verify("\\sqrt{8}", "2\\sqrt{2}") is True  # the worker is up
+        (w,) = verify_pool._POOL.idle
+        os.kill(w.proc.pid, signal.SIGSTOP)
+        threading.Timer(1.5, os.kill, args=(w.proc.pid, signal.SIGCONT)).start()
+        restarts = reward.STATS["restarts"]
+        assert verify_pool.verify("(x+1)^2", "x^2+2x+1") is True
+        assert reward.STATS["restarts"] == restarts
+    finally:
+        close_pool()
+
+
+def test_an_interrupted_check_does_not_shift_later_verdicts(monkeypatch):
+    """A check interrupted between its request and its reply (KeyboardInterrupt from a timer 0.2 s into 9^{9^{9^{9}}},
+    whose worker replies only once its CPU_LIMIT_S of 0.5 s CPU time is spent) leaves no reply in a worker's pipe for
+    the next check to read: the worker is killed and replaced, and the verdicts after it are each its own (a stale
+    reply would shift them by one: False, False, True, False)."""
+    fresh_pool(monkeypatch)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    handler = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        assert verify_pool.verify("\\sqrt{8}", "2\\sqrt{2}") is True  # the worker is up
+        (w,) = verify_pool._POOL.idle
+        pid = w.proc.pid
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            verify_pool.verify("9^{9^{9^{9}}}", "7")
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        assert w.proc is None or w.proc.pid != pid  # killed
+        for pred, gold, want in [("x+2", "x+1", False), ("\\sqrt{12}", "2\\sqrt{3}", True), ("x+3", "x+1", False),
+                                 ("\\frac{1}{4}", "0.25", True)]:
+            assert verify_pool.verify(pred, gold) is want, (pred, gold)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, handler)
+        close_pool()
+
+
+def test_a_closed_pool_starts_again(monkeypatch):
+    """After the pool's close() (registered at exit) a check starts a worker again and judges right: it never
+    answers without asking one."""
+    fresh_pool(monkeypatch)
+    try:
+        assert verify_pool.verify("\\sqrt{8}", "2\\sqrt{2}") is True
+        verify_pool._POOL.close()
+        assert verify_pool.verify("\\sqrt{12}", "2\\sqrt{3}") is True
+        assert reward.is_correct("\\boxed{(x+1)^2}", "x^2+2x+1") is True
+    finally:
+        close_pool()
 
 def test_without_math_verify_scoring_raises(monkeypatch, tmp_path):
     """Workers whose Python cannot import math-verify (run with -S: no site-packages) report it, and scoring raises a
