@@ -35,6 +35,7 @@ import grpo
 import reward
 import rollout
 from machinery.memory import free_memory, grad_checkpointing_default, update_memory
+from machinery.packed_attention import pack_default
 from machinery.precision import resolve_dtype
 
 
@@ -69,6 +70,7 @@ class Config:
     mini_batch_prompts: int = 8       # prompts per optimizer step (paper: 64)
     micro_batch_size: int = 64        # sequences per forward/backward on one rank
     micro_batch_tokens: int = 0       # or rows sorted by length, <= N padded tokens each; 0 = off
+    pack: Optional[bool] = None       # rows end to end, no padding; unset = where it measured faster
     max_prompt_len: int = 64          # prompts longer than this (tokens) are dropped (paper: 1024)
     max_new_tokens: int = 16          # response length limit (paper: 4096)
     temperature: float = 1.0          # rollout temperature; log-probs use logits / T (paper: 1.0)
@@ -142,6 +144,11 @@ def resolve_config(cfg):
         raise ValueError(f"--micro-batch-tokens must be >= 0 (0 = off) and cannot be combined with "
                          f"--share-prompt (whose micro-batches are whole groups), "
                          f"got {cfg.micro_batch_tokens}")
+    # packing confines attention to each row; a shared prompt's G responses all attend to one copy
+    # of the prompt, a tree rather than the block diagonal the packed kernels compute
+    if cfg.pack and cfg.share_prompt:
+        raise ValueError("--pack and --share-prompt do not combine: packed attention stays within "
+                         "each row, and a shared prompt is attended by G rows; drop one of them")
     if reward.random_probability(cfg.reward) is None and cfg.reward not in ("math-verify", "dapo"):
         raise ValueError(f"unknown --reward {cfg.reward!r}; valid: math-verify, dapo, random, "
                          f"random:P")
@@ -209,7 +216,8 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None):
     decides the same, and from the longest training prompt (`prompt_lens`, the token count of every
     training prompt; None: --max-prompt-len), not the longest allowed: GSM8K's chat prompts are
     ~100-250 tokens under a 512 limit. Then --share-prompt unset (`shares_prompt_pays`).
-    Returns (cfg with both decisions, the free bytes it used, where they were read). Raises
+    Then --pack unset (packed_attention.pack_default, off where the shared prompt is on).
+    Returns (cfg with the decisions, the free bytes it used, where they were read). Raises
     ValueError where --share-prompt would need checkpointing off. Needs the process group."""
     free, source = free_memory(device)
     free_t = torch.tensor(float(free), dtype=torch.float64, device=device)
@@ -228,9 +236,13 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None):
                              f"--no-grad-checkpointing to run it anyway, or drop --share-prompt")
     share = cfg.share_prompt
     if share is None:
-        share = not recompute and shares_prompt_pays(cfg, dist.get_world_size(), prompt_lens)
-    return (dataclasses.replace(cfg, grad_checkpointing=recompute, share_prompt=share), free,
-            source)
+        share = (not recompute and not cfg.pack
+                 and shares_prompt_pays(cfg, dist.get_world_size(), prompt_lens))
+    # --pack unset: where it measured faster (packed_attention.PACK_DEFAULT), unless the shared
+    # prompt, which it cannot combine with, was chosen as paying
+    pack = cfg.pack if cfg.pack is not None else pack_default(device) and not share
+    return (dataclasses.replace(cfg, grad_checkpointing=recompute, share_prompt=share, pack=pack),
+            free, source)
 
 
 def shares_prompt_pays(cfg, world, prompt_lens):
@@ -259,9 +271,11 @@ def update_memory_gb(cfg, longest_prompt=None):
 
 
 def micro_batch_tokens(cfg, longest_prompt=None):
-    """The most padded tokens a micro-batch can hold: rows x longest row, or the token budget (a
-    row longer than the budget is a micro-batch of its own). longest_prompt: the data's longest
-    prompt in tokens; None: --max-prompt-len."""
+    """The most tokens a micro-batch can hold: rows x longest row, or the token budget (a row
+    longer than the budget is a micro-batch of its own). Padded tokens, or with --pack real ones:
+    a packed micro-batch's memory is that of its real tokens, and its fused head keeps no logits,
+    so the same bound decides recomputation for both. longest_prompt: the data's longest prompt in
+    tokens; None: --max-prompt-len."""
     longest = (longest_prompt or cfg.max_prompt_len) + cfg.max_new_tokens
     return max(cfg.micro_batch_tokens, longest) if cfg.micro_batch_tokens \
         else cfg.micro_batch_size * longest

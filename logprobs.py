@@ -16,6 +16,9 @@ Three memory choices, because with a real vocabulary the naive form is a step's 
   model for the response positions' logits only (`logits_to_keep`), never the prompt's (b, P, V);
 - `token_logprobs` upcasts one chunk of positions at a time to float32 (a custom autograd Function):
   it never holds a second full-vocabulary float32 tensor, forward or backward.
+With --pack, `packed_logprobs` runs a micro-batch's rows end to end without padding (attention
+confined to each row: machinery/packed_attention.py) and fuses the LM head with the log-prob, so
+no (N, V) logits exist at all; the padded path above is its reference (tests/test_pack.py).
 
 Tests: tests/test_logprobs.py (float64 exactness, gradcheck, bf16 against the naive form, the
 temperature, the shared-prompt forward) and tests/test_policy.py (packed, trimmed log-probs against
@@ -224,3 +227,125 @@ def token_logprobs(logits, targets, *, chunk_size=64, with_entropy=False, temper
     logp, ent = _TokenLogprob.apply(logits, targets.long(), int(chunk_size), bool(with_entropy),
                                     float(temperature))
     return (logp, ent) if with_entropy else logp
+
+
+# --- packed micro-batches: the rows' real tokens end to end, the LM head fused with the log-prob ---
+
+PACKED_FORWARD = "bandpo_packed_forward"  # the method enable_packing gives the model
+
+
+def enable_packing(model):
+    """Let `model` (a Llama/Qwen2-style causal LM, FSDP2-sharded or not) run packed micro-batches:
+    attention through machinery/packed_attention.py's implementation (which serves padded calls
+    with transformers' SDPA as before), and `_packed_forward` as a method FSDP2 treats as a forward
+    (register_fsdp_forward_method: the weights are gathered around it as around `forward`), so that
+    the LM head's weight can be read outside `forward`. Returns the model."""
+    import types
+
+    from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+    from machinery import packed_attention
+    packed_attention.register()
+    model.set_attn_implementation(packed_attention.NAME)
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None or getattr(model.config, "final_logit_softcapping",
+                                                          None):
+        raise ValueError(f"{type(model).__name__}: the fused head computes logits = hidden @ "
+                         f"W^T only (no bias, no soft-capping)")
+    setattr(model, PACKED_FORWARD, types.MethodType(_packed_forward, model))
+    if isinstance(model, FSDPModule):
+        register_fsdp_forward_method(model, PACKED_FORWARD)
+    return model
+
+
+def packed_logprobs(model, input_ids, n_prompt, spans, temperature=1.0, with_entropy=False,
+                    kernel=None):
+    """The same (logp (b, T), entropy (b, T) or None) as `sequence_logprobs` of one micro-batch,
+    from a packed forward: the rows' real tokens (prompt + response, no padding) concatenated into
+    one sequence (1, N), positions restarting at each row, attention confined to each row
+    (machinery/packed_attention.py; `kernel` None: the device's). The LM head runs on the response
+    positions only and is fused with the log-prob (`_HeadLogprob`): no (N, V) logits, in any
+    dtype. `model` needs enable_packing. Host work: index lists of N entries."""
+    from machinery import packed_attention
+    b, T = input_ids.shape[0], input_ids.shape[1] - n_prompt
+    rows, cols, pos, src, dst_row, dst_col, lengths = [], [], [], [], [], [], []
+    start = 0
+    for i, (p, r) in enumerate(spans):
+        n = p + r
+        rows += [i] * n
+        cols += range(n_prompt - p, n_prompt + r)
+        pos += range(n)
+        src += range(start + p - 1, start + p - 1 + r)  # position j predicts token j + 1
+        dst_row += [i] * r
+        dst_col += range(r)
+        lengths.append(n)
+        start += n
+    dev = input_ids.device
+    ids = input_ids[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)]      # (N,)
+    src = torch.tensor(src, dtype=torch.long, device=dev)                                # (n_resp,)
+    packing = packed_attention.make_packing(lengths, dev, kernel)
+    logp, ent = getattr(model, PACKED_FORWARD)(ids[None], torch.tensor([pos], device=dev), packing,
+                                               src, ids[src + 1], temperature, with_entropy)
+    at = (torch.tensor(dst_row, device=dev), torch.tensor(dst_col, device=dev))
+    out = [torch.zeros(b, T, dtype=logp.dtype, device=dev).index_put(at, x)             # (b, T)
+           for x in ((logp, ent) if with_entropy else (logp,))]
+    return out[0], out[1] if with_entropy else None
+
+
+def _packed_forward(self, ids, position_ids, packing, src, targets, temperature, with_entropy):
+    """The model's decoder on the packed sequence ids (1, N), then the fused head on the hidden
+    states at `src` (n_resp,) against `targets` (n_resp,). A method of the model (enable_packing),
+    so that FSDP2 gathers the LM head's weight around it."""
+    hidden = self.base_model(input_ids=ids, position_ids=position_ids, packing=packing,
+                             use_cache=False).last_hidden_state                       # (1, N, h)
+    weight = self.get_output_embeddings().weight                                        # (V, h)
+    chunk = max(1, 2**25 // weight.shape[0])  # rows per chunk: <= 2^25 logits (128 MB in fp32)
+    return _HeadLogprob.apply(hidden[0, src], weight, targets, chunk, with_entropy, temperature)
+
+
+class _HeadLogprob(torch.autograd.Function):
+    """log softmax(h W^T / T)[target] (and the entropy, no gradient) over chunks of positions: only a
+    (chunk, V) block of logits exists at a time, forward and backward, which recomputes the block
+    instead of saving it (one more head matmul, ~1/3 of the head's FLOPs). The logits' block is
+    upcast to float32 (float64 for a float64 model) before the softmax, as token_logprobs does;
+    the backward's logit gradient is rounded to the weights' dtype before its two matmuls, as
+    autograd through the unfused head would, and the weight's gradient is summed in float32."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk, with_entropy, temperature):
+        # hidden (n, h), weight (V, h), targets (n,)
+        cdtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+        n = hidden.shape[0]
+        logp = torch.empty(n, dtype=cdtype, device=hidden.device)                    # (n,)
+        lse = torch.empty_like(logp)                                                 # (n,)
+        ent = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
+        for s in range(0, n, chunk):
+            z = (hidden[s:s + chunk] @ weight.T).to(cdtype)                          # (c, V)
+            if temperature != 1.0:
+                z = z / temperature
+            lse[s:s + chunk] = lse_c = torch.logsumexp(z, -1)                        # (c,)
+            logp[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None])[:, 0] - lse_c
+            if with_entropy:
+                ent[s:s + chunk] = lse_c - (torch.exp(z - lse_c[:, None]) * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.chunk, ctx.temperature = chunk, temperature
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_ent):                                         # (n,)
+        hidden, weight, targets, lse = ctx.saved_tensors
+        c, temp = ctx.chunk, ctx.temperature
+        grad_h = torch.empty_like(hidden)                                            # (n, h)
+        grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device)   # (V, h)
+        for s in range(0, hidden.shape[0], c):
+            g = grad_logp[s:s + c, None].to(lse.dtype) / temp                        # (c, 1)
+            d = (hidden[s:s + c] @ weight.T).to(lse.dtype)                           # (c, V)
+            if temp != 1.0:
+                d.div_(temp)
+            d.sub_(lse[s:s + c, None]).exp_().mul_(-g)                               # −g·softmax
+            d.scatter_add_(-1, targets[s:s + c, None], g)                            # + g at y
+            d = d.to(weight.dtype)                                                   # (c, V)
+            grad_h[s:s + c] = d @ weight                                             # (c, h)
+            grad_w += (d.T @ hidden[s:s + c]).to(grad_w.dtype)                       # (V, h)
+        return grad_h, grad_w.to(weight.dtype), None, None, None, None

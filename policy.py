@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import band
 import grpo
-from logprobs import sequence_logprobs
+from logprobs import enable_packing, packed_logprobs, sequence_logprobs
 
 
 # --- the model -----------------------------------------------------------------------------------
@@ -89,6 +89,8 @@ def build_model(cfg, device, trainable=True):
     if model.config.tie_word_embeddings:
         assert (model.get_output_embeddings().weight
                 is model.get_input_embeddings().weight), "lm_head lost its tie"
+    if cfg.pack:  # packed micro-batches: the packed attention and the fused head (logprobs.py)
+        enable_packing(model)
     model.train(trainable)
     model.requires_grad_(trainable)
     return model
@@ -131,10 +133,11 @@ def mini_batches(n_rows, cfg):
 def micro_batches(rows, cfg, spans):
     """The micro-batches (gradient accumulation) of one mini-batch `rows` (a slice of this rank's
     rows): slices of micro_batch_size rows in rollout order, or, with --micro-batch-tokens N, lists
-    of row indices sorted by length (longest first) and cut so that each micro-batch's padded size —
-    (its longest prompt + its longest response) x its rows — is at most N (a row longer than N alone
-    is a micro-batch of one). Sorting puts rows of like length together, so a long response no
-    longer makes its neighbours pay its length. The old-log-prob pass runs the same micro-batches as
+    of row indices sorted by length (longest first) and cut so that each micro-batch's size is at
+    most N (a row longer than N alone is a micro-batch of one): its padded size, (its longest
+    prompt + its longest response) x its rows, or with --pack its real tokens (`_cost`). Sorting
+    puts rows of like length together, so a long response no longer makes its neighbours pay its
+    length. The old-log-prob pass runs the same micro-batches as
     the update, so both run the same shapes: with bf16 kernels, other shapes would round differently
     and the first mini-batch's ratio would not be exactly 1. This rank's own plan: under a process
     group `plan_micro_batches` makes every rank's count the same."""
@@ -142,17 +145,21 @@ def micro_batches(rows, cfg, spans):
         return [slice(i, min(i + cfg.micro_batch_size, rows.stop))
                 for i in range(rows.start, rows.stop, cfg.micro_batch_size)]
     order = sorted(range(rows.start, rows.stop), key=lambda i: (-sum(spans[i]), i))
-    out, prompt_w, resp_w = [], 0, 0
+    out = []
     for i in order:
-        p, r = spans[i]
-        grown = (max(prompt_w, p) + max(resp_w, r, 1)) * (len(out[-1]) + 1) if out else None
-        if grown is None or grown > cfg.micro_batch_tokens:
-            out.append([i])
-            prompt_w, resp_w = p, max(r, 1)
-        else:
+        if out and _cost(out[-1] + [i], spans, cfg.pack) <= cfg.micro_batch_tokens:
             out[-1].append(i)
-            prompt_w, resp_w = max(prompt_w, p), max(resp_w, r)
+        else:
+            out.append([i])
     return out
+
+
+def _cost(rows, spans, packed):
+    """The tokens a forward of these rows runs: their real tokens packed, else (the longest prompt
+    + the longest response, at least 1) x the rows."""
+    if packed:
+        return sum(spans[i][0] + spans[i][1] for i in rows)
+    return (max(spans[i][0] for i in rows) + max(max(spans[i][1] for i in rows), 1)) * len(rows)
 
 
 def plan_micro_batches(n_rows, cfg, spans, device):
@@ -170,25 +177,29 @@ def plan_micro_batches(n_rows, cfg, spans, device):
         return plan
     counts = torch.tensor([len(mbs) for _, mbs in plan], device=device)  # (M,)
     dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-    return [(rows, _split(mbs, n, spans)) for (rows, mbs), n in zip(plan, counts.tolist())]
+    return [(rows, _split(mbs, n, spans, cfg.pack))
+            for (rows, mbs), n in zip(plan, counts.tolist())]
 
 
-def _split(mbs, n, spans):
-    """Split the micro-batch of most padded tokens (of those with two rows or more) into its longer
-    and its shorter half until there are n: always possible while n <= the rows, and each half is
-    within the budget its whole was."""
+def _split(mbs, n, spans, packed=False):
+    """Split the micro-batch of most tokens (`_cost`; of those with two rows or more) into its
+    longer and its shorter half until there are n: always possible while n <= the rows, and each
+    half is within the budget its whole was."""
     mbs = list(mbs)
     while len(mbs) < n:
         k = max((j for j, mb in enumerate(mbs) if len(mb) > 1),
-                key=lambda j: (max(spans[i][0] for i in mbs[j])
-                               + max(max(spans[i][1] for i in mbs[j]), 1)) * len(mbs[j]))
+                key=lambda j: _cost(mbs[j], spans, packed))
         half = (len(mbs[k]) + 1) // 2
         mbs[k:k + 1] = [mbs[k][:half], mbs[k][half:]]
     return mbs
 
 
 def _forward(model, mb, cfg, with_entropy=False):
-    """log π (and the entropy) of one micro-batch's response tokens: (b, T) each."""
+    """log π (and the entropy) of one micro-batch's response tokens: (b, T) each, packed with
+    --pack, else padded (the reference: tests/test_pack.py)."""
+    if cfg.pack:
+        return packed_logprobs(model, mb.input_ids, mb.n_prompt, mb.spans, cfg.temperature,
+                               with_entropy)
     return sequence_logprobs(model, mb.input_ids, mb.attn, mb.n_prompt, len(mb), cfg.temperature,
                              with_entropy, mb.spans, cfg.group_size if cfg.share_prompt else 0)
 

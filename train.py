@@ -47,6 +47,7 @@ import eval as evaluation
 import grpo
 import reward
 import rollout
+from machinery import packed_attention
 from machinery.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, prune_checkpoints,
                         save_checkpoint)
 from config import (Config, decide_grad_checkpointing, method_defaults,  # noqa: F401 (re-exported)
@@ -339,7 +340,8 @@ def main(argv=None):
            f"grad checkpointing {'on' if cfg.grad_checkpointing else 'off'} (update "
            f"~{update_memory_gb(cfg, max(map(len, prompt_ids))):.1f} GB without, "
            f"{free / 2**30:.0f} GB free on {device} per rank, least of {WORLD}, from "
-           f"{free_source}) | shared prompt {'on' if cfg.share_prompt else 'off'} | "
+           f"{free_source}) | shared prompt {'on' if cfg.share_prompt else 'off'} | packed rows "
+           f"{'on, ' + packed_attention.kernel_for(device) + ' attention' if cfg.pack else 'off'} | "
            f"peak RSS {peak_rss_gb():.1f} GB")
 
     if start_step == 0 and cfg.eval_every:

@@ -43,9 +43,15 @@ SCENARIOS = {
     "bf16": dict(train_dtype="bfloat16", micro_batch_size=4),
     "bf16-budget": dict(train_dtype="bfloat16", micro_batch_tokens=BUDGET),
     "resume": dict(micro_batch_tokens=BUDGET),
+    # packed micro-batches, the budget in real tokens: rank 0's rows (<= 8 tokens) go 3 or more to a
+    # micro-batch, rank 1's (>= 11) 1-2; with the KL term and a sequence-level correction
+    "pack-budget": dict(pack=True, micro_batch_tokens=BUDGET),
+    "pack-kl-is": dict(pack=True, micro_batch_tokens=BUDGET, kl_coef=0.5,
+                       rollout_is="sequence-truncate"),
+    "bf16-pack": dict(train_dtype="bfloat16", pack=True, micro_batch_tokens=BUDGET),
 }
 # π_old straight from the trainer's pass: the first mini-batch's ratio must then be exactly 1
-EXACT_OLD = {"bf16-budget"}
+EXACT_OLD = {"bf16-budget", "bf16-pack"}
 
 
 def base_config(**kw):

@@ -21,8 +21,9 @@ from test_train import HANG, ROOT, TORCHRUN, env, free_port
 import rollout
 
 U32 = torch.finfo(torch.float32).eps / 2  # float32 unit roundoff
-NAMES = ["budget", "share-prompt", "sequence-truncate", "sequence-mask", "engine", "kl", "resume"]
-BF16 = ["bf16", "bf16-budget"]
+NAMES = ["budget", "share-prompt", "sequence-truncate", "sequence-mask", "engine", "kl", "resume",
+         "pack-budget", "pack-kl-is"]
+BF16 = ["bf16", "bf16-budget", "bf16-pack"]
 
 
 def torchrun_scenarios(out, nproc, names):
@@ -153,3 +154,35 @@ def test_bf16_equal_one_rank_and_first_ratio_exactly_one(runs):
     assert raw0 != raw1
     for n in (1, 2):
         assert runs[n]["bf16-budget"]["metrics"]["ratio/first_abs_dev"] == 0.0, n
+
+
+def test_packed_token_budget_equal_one_rank_and_padded(runs):
+    """--pack with a budget of real tokens planning unequal micro-batch counts on the two ranks: no
+    hang, the update equals 1 rank's packed update and the padded path's (the "budget" scenario:
+    the same rows and normalisers, other micro-batches), and the packed old-log-prob pass equals
+    the padded one."""
+    (raw0, agreed0), (raw1, agreed1) = runs[2]["pack-budget"]["counts"]
+    assert raw0 != raw1 and agreed0 == agreed1
+    for n in (1, 2):
+        assert_same_update(runs[1]["budget"]["weights"], runs[n]["pack-budget"]["weights"])
+        assert torch.allclose(runs[n]["pack-budget"]["old_pass"], runs[1]["budget"]["old_pass"],
+                              rtol=0, atol=LOGP_TOL)
+
+
+def test_packed_kl_and_rollout_correction_equal_one_rank(runs):
+    """--pack with the KL term and a sequence-level rollout correction: 2 ranks = 1 rank, the
+    packed reference pass equals the padded one (the "kl" scenario's: the same model and rows), and
+    both terms act."""
+    one, two = runs[1]["pack-kl-is"], runs[2]["pack-kl-is"]
+    assert_same_update(one["weights"], two["weights"])
+    assert torch.allclose(two["ref_pass"], runs[1]["kl"]["ref_pass"], rtol=0, atol=LOGP_TOL)
+    assert one["metrics"]["kl/ref"] > 0 and one["metrics"]["rollout_is/seqs_out_frac"] > 0
+    assert two["metrics"]["kl/ref"] == pytest.approx(one["metrics"]["kl/ref"], rel=64 * U32)
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="no native bf16 (avx512_bf16, amx_bf16)")
+def test_bf16_packed_first_ratio_exactly_one(runs):
+    """bf16 packed: the old-log-prob pass and the update's forward run the same packed shapes
+    through the same kernels, so the first mini-batch's ratio is exactly 1, on 1 and 2 ranks."""
+    for n in (1, 2):
+        assert runs[n]["bf16-pack"]["metrics"]["ratio/first_abs_dev"] == 0.0, n

@@ -1,0 +1,140 @@
+"""Attention confined to each row of a packed micro-batch, with the kernel chosen per device.
+
+A packed micro-batch (logprobs.packed_logprobs) is its rows' real tokens concatenated into one
+sequence (1, N), positions restarting at each row. Attention must stay causal *within* each row and
+never cross into the next. Transformers reaches the attention through a named implementation
+(`AttentionInterface`), and passes any extra keyword of the model call down to it: this file
+registers one, `bandpo_packed`, that reads the rows' boundaries from the `packing` keyword, so
+Llama and Qwen2 models run packed without a fork of their code. A call without `packing` (the
+padded path, the shared-prompt forward, a rollout check) gets transformers' own SDPA, mask
+included: one model serves both paths.
+
+The kernels, one per device (`KERNELS`; `kernel_for` chooses, the start-up line names it):
+- `varlen` (CUDA, where the pinned torch has `torch.nn.attention.varlen`): flash attention over
+  cumulative sequence lengths, causal, GQA without copies of k and v;
+- `flex` (CUDA without varlen; also runs on a CPU, where the tests check it): compiled
+  FlexAttention with a document mask built once per forward;
+- `sdpa-rows` (CPU): causal SDPA on each row's slice of the packed tokens. Measured on a 2-core
+  CPU in bf16 (8 rows of 30-300 tokens, 9 heads x 64): 3.2 ms, against 13.2 ms for padded SDPA with
+  a mask, 13.8 ms for one block-diagonal mask and 10.3 ms for compiled FlexAttention.
+
+    packing = make_packing([row lengths], device)      # boundaries, on the host and the device
+    model(input_ids=ids, position_ids=pos, packing=packing)   # model built with NAME
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "bandpo_packed"  # the attention implementation a packed model is built with
+
+# --pack unset: packing on where it measured faster than token budgets (docs/benchmarks.md, the
+# packed update). On CUDA it has not run yet: `make gpu-check` measures it (section pack).
+PACK_DEFAULT = {"cpu": True}
+
+
+def pack_default(device):
+    """--pack unset: this device's measured default (off where none was measured)."""
+    return PACK_DEFAULT.get(torch.device(device).type, False)
+
+
+@dataclass
+class Packing:
+    """Where each row of a packed sequence starts and ends, in the forms the kernels want."""
+    kernel: str                 # a KERNELS key
+    bounds: list                # [(start, end)] of each row, on the host
+    cu_seqlens: torch.Tensor    # (rows + 1,) int32 cumulative lengths, on the device
+    max_len: int                # the longest row
+    block_mask: Optional[object] = None  # flex only: the document mask, built once per forward
+
+
+def kernel_for(device):
+    """The packed kernel of this device: varlen on CUDA where torch has it, else flex; sdpa-rows on
+    a CPU (torch's varlen kernel is CUDA-only)."""
+    if torch.device(device).type != "cuda":
+        return "sdpa-rows"
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+        return "varlen"
+    except ImportError:
+        return "flex"
+
+
+def make_packing(lengths, device, kernel=None):
+    """Packing of rows of `lengths` tokens (each >= 1) laid end to end on `device`."""
+    kernel = kernel or kernel_for(device)
+    ends = torch.tensor(lengths).cumsum(0).tolist()
+    bounds = list(zip([0] + ends[:-1], ends))
+    cu = torch.tensor([0] + ends, dtype=torch.int32, device=device)          # (rows + 1,)
+    block_mask = None
+    if kernel == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask
+        doc = torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                      torch.tensor(lengths, device=device))  # (N,) row of a token
+        block_mask = create_block_mask(lambda b, h, q, k: (doc[q] == doc[k]) & (q >= k),
+                                       None, None, ends[-1], ends[-1], device=device)
+    return Packing(kernel, bounds, cu, max(lengths), block_mask)
+
+
+# --- the kernels: q (1, H, N, D), k and v (1, Hkv, N, D) -> (1, N, H, D) -------------------------
+def _sdpa_rows(q, k, v, packing, scale):
+    gqa = q.shape[1] != k.shape[1]
+    out = [F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True,
+                                          scale=scale, enable_gqa=gqa)
+           for s, e in packing.bounds]                                      # (1, H, n_i, D) each
+    return torch.cat(out, 2).transpose(1, 2)
+
+
+def _varlen(q, k, v, packing, scale):
+    from torch.nn.attention.varlen import varlen_attn
+    q, k, v = (x[0].transpose(0, 1) for x in (q, k, v))                     # (N, H, D)
+    out = varlen_attn(q, k, v, packing.cu_seqlens, packing.cu_seqlens, packing.max_len,
+                      packing.max_len, scale=scale, window_size=(-1, 0),  # (-1, 0): causal
+                      enable_gqa=q.shape[1] != k.shape[1])                  # (N, H, D)
+    return out[None]
+
+
+_flex = None  # compiled once per process
+
+
+def _flex_attention(q, k, v, packing, scale):
+    global _flex
+    if _flex is None:
+        from torch.nn.attention.flex_attention import flex_attention
+        _flex = torch.compile(flex_attention, dynamic=True)
+    out = _flex(q, k, v, block_mask=packing.block_mask, scale=scale,
+                enable_gqa=q.shape[1] != k.shape[1])                        # (1, H, N, D)
+    return out.transpose(1, 2)
+
+
+KERNELS = {"sdpa-rows": _sdpa_rows, "varlen": _varlen, "flex": _flex_attention}
+
+
+def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+              packing=None, **kwargs):
+    """The `bandpo_packed` implementation: a packed call (`packing` given) runs its kernel; any
+    other call is transformers' SDPA with its mask, unchanged."""
+    if packing is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      dropout=dropout, **kwargs)
+    if dropout:
+        raise ValueError("packed attention has no dropout (the policy trains without)")
+    return KERNELS[packing.kernel](query, key, value, packing, scaling).contiguous(), None
+
+
+def _mask(*args, attention_mask=None, **kwargs):
+    """No mask for a packed call (no attention mask given: the kernel confines each row), SDPA's
+    mask otherwise. Transformers would build a (N, N) block-diagonal mask from the restarting
+    positions, which no packed kernel reads."""
+    return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask,
+                                                         **kwargs)
+
+
+def register():
+    """Make NAME an attention implementation transformers knows (idempotent)."""
+    AttentionInterface.register(NAME, attention)
+    AttentionMaskInterface.register(NAME, _mask)

@@ -1,0 +1,194 @@
+"""Packed micro-batches (--pack): the rows' real tokens end to end, attention confined to each row
+(machinery/packed_attention.py), the LM head fused with the log-prob (logprobs._HeadLogprob).
+Every check compares against the padded path (logprobs.sequence_logprobs, the reference), a
+float64 model, finite differences or a brute-force plan, never the packed code against itself.
+Two ranks: tests/test_two_ranks.py (scenarios pack-budget, pack-kl-is, bf16-pack).
+"""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import logprobs
+import policy
+import rollout
+import train
+from logprobs import RolloutBatch, enable_packing, packed_logprobs, sequence_logprobs
+from machinery.precision import cpu_has_native_bf16
+
+U32, U64 = torch.finfo(torch.float32).eps / 2, torch.finfo(torch.float64).eps / 2
+# rows of very different lengths: (prompt, response) tokens, an empty response among them
+SPANS = [(7, 40), (1, 1), (3, 0), (2, 23), (6, 5), (4, 2)]
+
+
+@pytest.fixture(scope="module")
+def group():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def rows(spans=SPANS, vocab=100, seed=0):
+    """Left-padded prompts and right-padded responses (as logprobs.pack) of the given spans."""
+    g = torch.Generator().manual_seed(seed)
+    P, T = max(p for p, _ in spans), max(r for _, r in spans)
+    ids = torch.zeros(len(spans), P + T, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, (p, r) in enumerate(spans):
+        ids[i, P - p:P + r] = torch.randint(4, vocab, (p + r,), generator=g)
+        attn[i, P - p:P + r] = 1
+    return ids, attn, P
+
+
+def model64(tied):
+    """The tiny model in float64, its embedding untied (as built) or tied to the LM head."""
+    conf = AutoConfig.from_pretrained(rollout.DEFAULT_MODEL, tie_word_embeddings=tied)
+    torch.manual_seed(0)
+    return enable_packing(AutoModelForCausalLM.from_config(conf, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_packed_equals_padded_float64(tied):
+    """Log-probs, entropy and the gradient of Σ w·logp of rows from 1 to 47 tokens, at T = 0.7,
+    packed against padded, float64. Both paths compute the same sums in other orders: a logit errs
+    by <~ n_layers sqrt(d_ff) u max|z| (tiny model: 64 u, |z| <~ 40, tests/test_two_ranks.py), a
+    log-prob by twice that, both sides: 4 * 64 * 40 u; gradients the same relative to their scale."""
+    model = model64(tied)
+    ids, attn, P = rows()
+    w = torch.randn(len(SPANS), ids.shape[1] - P, generator=torch.Generator().manual_seed(1))
+    out = []
+    for packed in (False, True):
+        model.zero_grad()
+        logp, ent = (packed_logprobs(model, ids, P, SPANS, 0.7, True) if packed else
+                     sequence_logprobs(model, ids, attn, P, 4, 0.7, True, SPANS))   # (B, T)
+        (w * logp).sum().backward()
+        out.append((logp.detach(), ent, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    tol = 4 * 64 * 40 * U64
+    assert torch.allclose(out[1][0], out[0][0], rtol=0, atol=tol)
+    assert torch.allclose(out[1][1], out[0][1], rtol=0, atol=tol)
+    for name, g in out[0][2].items():
+        assert torch.allclose(out[1][2][name], g, rtol=0, atol=tol * g.abs().max()), name
+    assert (out[1][0][2] == 0).all()  # the empty response: nothing, as padded
+
+
+def test_fused_head_gradcheck():
+    """_HeadLogprob's backward (chunks of 3 rows, T = 0.7) against finite differences, float64."""
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(7, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    wt = torch.randn(11, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    y = torch.randint(0, 11, (7,), generator=g)
+    assert torch.autograd.gradcheck(
+        lambda h, wt: logprobs._HeadLogprob.apply(h, wt, y, 3, False, 0.7)[0], (h, wt))
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="no native bf16 (avx512_bf16, amx_bf16)")
+def test_packed_bf16_as_close_to_float64_as_padded():
+    """bf16: packed and padded log-probs against the float64 model. Both round weights and
+    activations to bf16 with the same depth, so their errors have the same scale (the premise of
+    scripts/gpu_check.py's vLLM tolerance): the packed error is at most twice the padded one."""
+    model = model64(tied=True)
+    ids, attn, P = rows(seed=3)
+    mask = attn[:, P:].bool()
+    with torch.no_grad():
+        ref, _ = sequence_logprobs(model, ids, attn, P, 4, spans=SPANS)
+        model.to(torch.bfloat16)
+        padded, _ = sequence_logprobs(model, ids, attn, P, 4, spans=SPANS)
+        packed, _ = packed_logprobs(model, ids, P, SPANS)
+    err = {k: (x.double() - ref)[mask].abs() for k, x in (("padded", padded), ("packed", packed))}
+    assert err["padded"].max() > 0  # bf16 really rounded
+    assert err["packed"].max() <= 2 * err["padded"].max()
+    assert err["packed"].mean() <= 2 * err["padded"].mean()
+
+
+@pytest.mark.slow
+def test_flex_kernel_equals_sdpa_rows_forward():
+    """The CUDA fallback kernel (compiled FlexAttention, document mask) in its CPU form: float32
+    forward only (no backward on a CPU), equal to the padded path within float32's 4 * 64 * 40 u."""
+    conf = AutoConfig.from_pretrained(rollout.DEFAULT_MODEL)
+    model = enable_packing(AutoModelForCausalLM.from_config(conf, dtype=torch.float32))
+    ids, attn, P = rows(seed=4)
+    with torch.no_grad():
+        ref, _ = sequence_logprobs(model, ids, attn, P, 6, spans=SPANS)
+        flex, _ = packed_logprobs(model, ids, P, SPANS, kernel="flex")
+    assert torch.allclose(flex, ref, rtol=0, atol=4 * 64 * 40 * U32)
+
+
+def test_packed_budget_counts_real_tokens():
+    """--pack --micro-batch-tokens N: every row once, each micro-batch at most N real tokens unless
+    it is one row; the same rows then fill fewer micro-batches than padded budgets."""
+    g = torch.Generator().manual_seed(5)
+    spans = [(int(p), int(r)) for p, r in zip(torch.randint(2, 30, (40,), generator=g),
+                                              torch.randint(0, 200, (40,), generator=g))]
+    packed = policy.micro_batches(slice(0, 40), train.Config(micro_batch_tokens=400, pack=True), spans)
+    padded = policy.micro_batches(slice(0, 40), train.Config(micro_batch_tokens=400), spans)
+    assert sorted(i for mb in packed for i in mb) == list(range(40))
+    for mb in packed:
+        assert len(mb) == 1 or sum(sum(spans[i]) for i in mb) <= 400
+    assert len(packed) < len(padded)
+
+
+def test_pack_and_share_prompt_refused():
+    """The two cannot combine (a shared prompt is attended by G rows): one line naming both."""
+    with pytest.raises(ValueError, match="--pack and --share-prompt do not combine"):
+        train.resolve_config(train.Config(pack=True, share_prompt=True))
+
+
+def test_pack_default_on_cpu_unless_the_shared_prompt_pays(group):
+    """--pack unset: on a CPU packing is on (measured faster), off where --share-prompt is on."""
+    cfg = train.resolve_config(train.Config(grad_checkpointing=False))
+    assert train.decide_grad_checkpointing(cfg, torch.device("cpu"), [8] * 4)[0].pack is True
+    shared = train.resolve_config(train.Config(grad_checkpointing=False, share_prompt=True))
+    assert train.decide_grad_checkpointing(shared, torch.device("cpu"), [8] * 4)[0].pack is False
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_packed_update_equals_padded_with_kl_and_rollout_correction(group, dtype):
+    """FSDP2 update (2 mini-batches, the clip binding, the KL term, a token-level rollout
+    correction) packed with a token budget against padded row micro-batches. float32: the weights
+    agree to summation-order rounding (tests/test_policy.py's bound, 8 u relative + 128 u of the
+    largest move); bf16 (native only): the same bound in bf16's u. The first mini-batch's ratio is
+    exactly 1 where π_old comes from the packed pass itself."""
+    if dtype == "bfloat16" and not cpu_has_native_bf16():
+        pytest.skip("no native bf16")
+    u = U32 if dtype == "float32" else torch.finfo(torch.bfloat16).eps / 2
+    ids, attn, P = rows(seed=6)
+    B, T = ids.shape[0], ids.shape[1] - P
+    mask = attn[:, P:].float()
+    adv = torch.linspace(-1.0, 1.2, B)
+    g = torch.Generator().manual_seed(7)
+    noise, engine_noise = torch.randn(B, T, generator=g), torch.randn(B, T, generator=g)
+    weights, first = [], []
+    for pack in (False, True):
+        cfg = train.Config(method="clip", model=rollout.DEFAULT_MODEL, prompts_per_step=2,
+                           mini_batch_prompts=1, group_size=3, micro_batch_size=2,
+                           micro_batch_tokens=40 if pack else 0, pack=pack, max_new_tokens=T,
+                           lr=1e-2, grad_clip=1e6, train_dtype=dtype, kl_coef=0.5,
+                           rollout_is="token-truncate", rollout_is_max=1.5)
+        model = policy.build_model(cfg, torch.device("cpu"))
+        ref_model = policy.build_model(cfg, torch.device("cpu"), trainable=False)
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+        b = RolloutBatch(ids, attn, mask, P)
+        old, _ = policy.batch_logprobs(model, cfg, b)
+        ref, _ = policy.batch_logprobs(ref_model, cfg, b)
+        b.engine_logp = old + 0.3 * engine_noise
+        exact = policy.update_policy(model, torch.optim.SGD(model.parameters(), lr=0.0), cfg, b,
+                                     adv, old, ref - 0.3 * noise)[0]
+        first.append(float(exact["sum_first_abs_dev"]))
+        sums, skipped, _ = policy.update_policy(model, opt, cfg, b, adv, old + 0.5 * noise,
+                                                ref - 0.3 * noise)
+        assert skipped == 0 and sums["n_upper"] + sums["n_lower"] > 0 and sums["sum_kl_ref"] > 0
+        weights.append({k: v.full_tensor().clone() for k, v in model.state_dict().items()})
+    assert first[1] == 0.0  # π_old from the packed pass: the ratio is exactly 1
+    before = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL,
+                                                  dtype=torch.float32).state_dict()
+    moved = max((weights[0][k] - before[k]).abs().max().item() for k in before)
+    assert moved > 1e-3
+    for k in weights[0]:
+        assert torch.allclose(weights[1][k], weights[0][k], rtol=8 * u, atol=128 * u * moved), k
