@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from accelerate import init_empty_weights
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import band
@@ -71,8 +71,9 @@ def build_model(cfg, device, trainable=True):
     # makes two, a no-grad pass one per micro-batch). Kept unsharded until the backward is done:
     # one compute-dtype copy of the weights (SmolLM2 in bf16: 0.27 GB) for ~12% of an update
     # (docs/benchmarks.md). Under checkpointing, chosen where memory is short, the copy goes too,
-    # at the price of one more copy and cast per layer in the backward. On N ranks resharding is
-    # what saves the memory.
+    # at the price of one more copy and cast per layer in the backward. A module that runs no
+    # backward (the reference) is resharded after each pass (batch_logprobs, `reshard`). On N ranks
+    # resharding is what saves the memory.
     reshard = dist.get_world_size() > 1 or bool(trainable and cfg.grad_checkpointing)
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard)
@@ -94,6 +95,17 @@ def build_model(cfg, device, trainable=True):
     model.train(trainable)
     model.requires_grad_(trainable)
     return model
+
+
+def reshard(model):
+    """Put every FSDP2 module of `model` back to its shards, freeing the whole weights gathered for a
+    forward. One rank keeps them after a forward (build_model) and only a backward reshards them, so
+    call this after a no-grad forward of a module that runs no backward (a reference model), and
+    before writing weights in place after a no-grad forward: the gathered copies would otherwise
+    stay, or hide the written shards from the next forward."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 # --- the batch's shape ---------------------------------------------------------------------------
@@ -209,8 +221,9 @@ def batch_logprobs(model, cfg, batch, with_entropy=False, skip_first=False):
     """π_old (or π_ref) of all this rank's rows, without gradient, through the update's own
     micro-batches. skip_first: leave the first mini-batch's rows at NaN for update_policy to fill
     from its own forward (the first mini-batch runs before any optimizer step, so that forward *is*
-    π_old: one forward saved per rollout). -> (logp (B, T), entropy (B, T) or None), in the batch's
-    row order."""
+    π_old: one forward saved per rollout). A model without trainable parameters (the reference) is
+    resharded after the pass: no backward will do it. -> (logp (B, T), entropy (B, T) or None), in
+    the batch's row order."""
     logp = torch.zeros_like(batch.mask)                              # (B, T)
     entropy = torch.zeros_like(batch.mask) if with_entropy else None
     plan = plan_micro_batches(len(batch), cfg, batch.spans, batch.input_ids.device)
@@ -223,6 +236,8 @@ def batch_logprobs(model, cfg, batch, with_entropy=False, skip_first=False):
             logp[mb] = lp
             if with_entropy:
                 entropy[mb] = ent
+    if not any(p.requires_grad for p in model.parameters()):
+        reshard(model)
     return logp, entropy
 
 

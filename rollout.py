@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.distributed.fsdp import FSDPModule
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
                           LogitsProcessor, StoppingCriteria, TemperatureLogitsWarper,
                           TopPLogitsWarper)
@@ -38,6 +37,7 @@ import data
 from machinery import vllm_cpu_sleep
 from machinery import vllm_logging
 from machinery.precision import resolve_dtype
+from policy import reshard
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # The embedded default policy, built by scripts/make_tiny_model.py and committed (bandpo.json: its task)
@@ -411,9 +411,7 @@ def _full_parameters(model, dtype=None):
     tests/test_smollm2.py checks a sync on the tied model."""
     # on one rank FSDP2 keeps a module unsharded after a forward (policy.build_model): its parameters
     # are then the compute-dtype copies, not the fp32 master weights this must send
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
+    reshard(model)
     for name, param in model.named_parameters(remove_duplicate=False):
         # wrappers insert these into the HF names vLLM's load_weights expects
         for part in _WRAPPER_PARTS:

@@ -54,7 +54,7 @@ from config import (Config, decide_grad_checkpointing, method_defaults,  # noqa:
                     micro_batch_tokens, parse_config, resolve_config, update_memory_gb)
 from logprobs import pack, sequence_logprobs
 from policy import (batch_logprobs, build_model, check_batch_shape,  # noqa: F401 (re-exported)
-                    make_optimizer, old_policy_sums, on_policy, update_policy)
+                    make_optimizer, old_policy_sums, on_policy, reshard, update_policy)
 
 
 
@@ -207,6 +207,7 @@ def engine_trainer_gap(engine, model, records, cfg, device):
     with torch.no_grad():  # one forward of the 4 rows on every rank: FSDP's collectives match
         trainer_logp, _ = sequence_logprobs(model, batch.input_ids, batch.attn, batch.n_prompt,
                                             len(batch), cfg.temperature)
+    reshard(model)  # no backward follows before the first rollout: its gathered copy would stay
     sums = torch.stack([((trainer_logp - batch.engine_logp).abs() * batch.mask).sum(),
                         batch.mask.sum()]).double()
     dist.all_reduce(sums)

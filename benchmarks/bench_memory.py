@@ -9,6 +9,7 @@ arithmetic (parameters x bytes). Defaults: SmolLM2-135M-Instruct, the shape of b
 
     python benchmarks/bench_memory.py                               # SmolLM2, train.py's defaults
     python benchmarks/bench_memory.py --no-grad-checkpointing       # any train.py flag
+    python benchmarks/bench_memory.py --kl-coef 0.001               # with the reference model
     python benchmarks/bench_memory.py --mmap-threshold 1048576      # first: glibc returns large blocks on free
 """
 import ctypes
@@ -78,6 +79,9 @@ def main():
     n = sum(p.numel() for p in model.parameters())
     gb = n * 4 / 2**30
     row("FSDP2 model (fp32 master weights)", f"{n / 1e6:.1f} M params x 4 B = {gb:.2f} GB")
+    ref_model = train.build_model(cfg, device, trainable=False) if cfg.kl_coef > 0 else None
+    if ref_model is not None:  # as train.py, with --kl-coef
+        row("+ reference model (fp32 weights)", f"{gb:.2f} GB")
     optimizer = train.make_optimizer(model, cfg)
     engine = rollout.make_engine(cfg.rollout, cfg.model, tokenizer=tokenizer, seed=0, dtype=cfg.rollout_dtype,
                                  max_model_len=cfg.max_prompt_len + cfg.max_new_tokens)
@@ -95,12 +99,16 @@ def main():
     rewards = torch.rand(len(completions))
     adv = grpo.group_advantages(rewards, cfg.group_size)
     old = None if train.on_policy(cfg) else train.batch_logprobs(model, cfg, batch)[0]
+    ref = None
+    if ref_model is not None:
+        ref = train.batch_logprobs(ref_model, cfg, batch)[0]
+        row("+ reference pass", "its gathered weights freed after it")
     t = time.time()
-    train.update_policy(model, optimizer, cfg, batch, adv, old)
+    train.update_policy(model, optimizer, cfg, batch, adv, old, ref)
     row(f"+ update 1 ({time.time() - t:.0f} s, {tuple(batch.input_ids.shape)})",
         f"grads {gb:.2f} + AdamW 2 x {gb:.2f} GB + activations")
     t = time.time()
-    train.update_policy(model, optimizer, cfg, batch, adv, old)
+    train.update_policy(model, optimizer, cfg, batch, adv, old, ref)
     row(f"+ update 2 ({time.time() - t:.0f} s)")
     engine.wake_up(["weights"])
     rollout.sync_weights(engine, model)

@@ -373,6 +373,53 @@ def test_weights_sent_after_a_no_grad_forward_are_the_fp32_master_weights(group)
         assert tensor.dtype == torch.float32 and torch.equal(tensor, master[name]), name
 
 
+
+@pytest.mark.parametrize("train_dtype", ["float32", "bfloat16"])
+def test_reference_model_is_resharded_after_its_pass(group, train_dtype):
+    """One rank keeps a module's gathered weights after a forward until a backward reshards it (policy.build_model).
+    The reference model runs no backward: after its pass (policy.batch_logprobs) every parameter FSDP2 registers is
+    its DTensor shard again, so the gathered copy (4 bytes per parameter in float32, 2 in bf16 compute) is not held
+    for the rest of the run; a second pass, which gathers again, repeats its log-probs bit for bit. The trained
+    policy's pass keeps its copy, as the update's speed wants."""
+    cfg = train.Config(model=rollout.DEFAULT_MODEL, prompts_per_step=2, mini_batch_prompts=2, group_size=3,
+                       micro_batch_size=2, max_new_tokens=9, train_dtype=train_dtype, kl_coef=0.001)
+    ids, attn, mask, P = batch(seed=6)
+    b = RolloutBatch(ids, attn, mask, P)
+    policy_model = policy.build_model(cfg, torch.device("cpu"))
+    ref_model = policy.build_model(cfg, torch.device("cpu"), trainable=False)
+    policy.batch_logprobs(policy_model, cfg, b)
+    assert not any(isinstance(p, DTensor) for p in policy_model.parameters())  # gathered, until the backward
+    ref_logp, _ = policy.batch_logprobs(ref_model, cfg, b)
+    assert all(isinstance(p, DTensor) for p in ref_model.parameters())
+    again, _ = policy.batch_logprobs(ref_model, cfg, b)
+    assert torch.equal(again * mask, ref_logp * mask)
+
+
+def test_weights_written_in_place_after_a_no_grad_forward_reach_the_master_weights(group):
+    """After a no-grad forward one rank's parameters are the gathered compute copies, which the next reshard drops:
+    weights written there would be lost. policy.reshard first makes the parameters the fp32 master shards again, so
+    that a write in place reaches them (the state dict) and the next forward, exactly as the same write made before
+    any forward."""
+    cfg = train.Config(model=rollout.DEFAULT_MODEL, prompts_per_step=2, mini_batch_prompts=2, group_size=3,
+                       micro_batch_size=6, max_new_tokens=9, train_dtype="bfloat16")
+    ids, attn, mask, P = batch(seed=7)
+    b = RolloutBatch(ids, attn, mask, P)
+    before = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32).state_dict()
+    out = []
+    for forward_first in (True, False):
+        model = policy.build_model(cfg, torch.device("cpu"))
+        if forward_first:
+            first, _ = policy.batch_logprobs(model, cfg, b)
+            policy.reshard(model)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.5)  # exact in binary floating point
+        logp, _ = policy.batch_logprobs(model, cfg, b)
+        out.append(logp * mask)
+        for name, w in model.state_dict().items():
+            assert torch.equal(w.full_tensor(), before[name] * 0.5), name
+    assert torch.equal(out[0], out[1]) and not torch.equal(out[0], first * mask)
+
 @pytest.mark.parametrize("train_dtype", ["float32", "bfloat16"])
 def test_checkpointing_updates_the_weights_bit_for_bit(group, train_dtype):
     """Activation checkpointing (with which one rank also reshards its weights after each forward, policy.build_model:
