@@ -119,7 +119,9 @@ def on_policy(cfg):
 def check_batch_shape(cfg, world):
     """Every rank gets the same whole number of prompts, and its rows split exactly into the
     mini-batches: a shape that does not would silently train on part of the batch (4 prompts x G=3
-    over 2 ranks in 4 mini-batches: 6 rows per rank, 4 mini-batches of 1 row, 4 of 6 rows)."""
+    over 2 ranks in 4 mini-batches: 6 rows per rank, 4 mini-batches of 1 row, 4 of 6 rows). With
+    --share-prompt each mini-batch of a rank is whole groups. Run on the flags and on a resumed
+    run's saved settings (train.load_run_config), before any process group."""
     n_prompts, per_mini = cfg.prompts_per_step, cfg.mini_batch_prompts
     if n_prompts % per_mini:
         raise ValueError(f"--prompts-per-step {n_prompts} is not a multiple of "
@@ -132,6 +134,13 @@ def check_batch_shape(cfg, world):
                          f"ranks x --group-size {cfg.group_size}) do not split into {n_mini} "
                          f"mini-batches (--prompts-per-step / --mini-batch-prompts); choose "
                          f"--mini-batch-prompts so that they do")
+    # the shared-prompt forward runs each prompt once for its G rows: a mini-batch of a rank that
+    # holds part of a group would fail in the first update, after the engine and a rollout
+    if cfg.share_prompt and rows // n_mini % cfg.group_size:
+        raise ValueError(f"--share-prompt (given, or saved by the run resumed) needs whole groups "
+                         f"in each rank's mini-batch, and {world} ranks get {rows // n_mini} rows "
+                         f"of --group-size {cfg.group_size} each; choose --mini-batch-prompts a "
+                         f"multiple of the ranks or --no-share-prompt, or resume on fewer ranks")
 
 
 def mini_batches(n_rows, cfg):

@@ -4,6 +4,7 @@ unpadded full forward per row; the on-policy update (old log-probs = its own for
 given separately computed old log-probs; the load-once FSDP2 build against from_pretrained; the batch-shape check
 against the rows each rank would train on.
 """
+import dataclasses
 import os
 import socket
 
@@ -160,6 +161,37 @@ def test_batch_shape_check(prompts, group_size, mini, world, ok):
         with pytest.raises(ValueError, match="--prompts-per-step"):
             policy.check_batch_shape(cfg, world)
 
+
+
+@pytest.mark.parametrize("prompts,group_size,mini,world", [
+    (4, 4, 1, 2),    # 8 rows per rank in 4 mini-batches of 2: half a group each
+    (4, 4, 2, 2),    # 8 rows per rank in 2 mini-batches of 4
+    (8, 2, 2, 4),    # 4 rows per rank in 4 mini-batches of 1
+    (8, 2, 4, 4),
+    (6, 3, 3, 1),    # one rank: a mini-batch is always whole prompts
+    (32, 8, 8, 2),   # the default
+])
+def test_batch_shape_check_shared_prompt_needs_whole_groups(prompts, group_size, mini, world):
+    """--share-prompt runs each prompt once for its G rows, so it takes exactly the shapes (each valid without it)
+    where every mini-batch of every rank is whole groups: counted here by laying out the rows, G per prompt, the
+    prompts split evenly over the ranks and each rank's rows over the mini-batches."""
+    cfg = train.Config(prompts_per_step=prompts, group_size=group_size, mini_batch_prompts=mini)
+    policy.check_batch_shape(cfg, world)
+    prompt_of_row = [p for p in range(prompts) for _ in range(group_size)]
+    per_rank = len(prompt_of_row) // world
+    n_mini = prompts // mini
+    whole = True
+    for r in range(world):
+        rows = prompt_of_row[r * per_rank:(r + 1) * per_rank]
+        for m in range(n_mini):
+            part = rows[m * per_rank // n_mini:(m + 1) * per_rank // n_mini]
+            whole &= all(part.count(p) == group_size for p in set(part))
+    shared = dataclasses.replace(cfg, share_prompt=True, micro_batch_size=group_size)
+    if whole:
+        policy.check_batch_shape(shared, world)
+    else:
+        with pytest.raises(ValueError, match="--share-prompt .* needs whole groups"):
+            policy.check_batch_shape(shared, world)
 
 def test_shared_prompt_update_equals_packed_update_under_fsdp(group):
     """--share-prompt (two forwards per micro-batch, the prompts' and the responses' on its KV cache, one backward)

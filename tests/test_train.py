@@ -389,6 +389,35 @@ def test_resume_keeps_its_own_config_but_takes_keep_checkpoints(tmp_path):
     assert (cfg.method, cfg.keep_checkpoints) == ("clip", 1)
 
 
+
+@pytest.mark.parametrize("resumed", [False, True], ids=["explicit", "resumed"])
+def test_share_prompt_on_part_groups_per_rank_exits_2_before_the_engine(tmp_path, monkeypatch, capsys, resumed):
+    """--share-prompt runs each prompt once for its G rows, so each rank's mini-batch must be whole groups. 4 prompts
+    x G 4 in 4 mini-batches on 2 ranks give 2 rows per rank and mini-batch, half a group (on 1 rank: 4, one group).
+    Given on 2 ranks, or saved by a 1-rank run (where the defaults may decide it) that is resumed on 2, train.main
+    exits 2 with one line before it sets up a process group (and so before the engine and the first rollout)."""
+    import dataclasses
+
+    import train
+
+    monkeypatch.setattr(train, "WORLD", 2)
+    monkeypatch.setattr(train, "init_distributed", lambda: pytest.fail("the shape passed its check"))
+    shape = dict(prompts_per_step=4, mini_batch_prompts=1, group_size=4, micro_batch_size=4)
+    run = tmp_path / "run"
+    if resumed:
+        run.mkdir()
+        saved = train.Config(**shape, share_prompt=True, grad_checkpointing=False, out_dir=str(run))
+        (run / "config.json").write_text(json.dumps(dataclasses.asdict(saved)))
+        argv = ["--resume", str(run)]
+    else:
+        argv = [*(f"--{k.replace('_', '-')}={v}" for k, v in shape.items()), "--share-prompt",
+                "--no-grad-checkpointing", "--out-dir", str(run)]
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert e.value.code == 2 and len(lines) == 1, lines
+    assert "--share-prompt" in lines[0] and "2 rows of --group-size 4" in lines[0]
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task") or torch.get_num_threads() < 2,
                     reason="counts the threads in /proc; one OpenMP thread opens no team")
 def test_one_rank_checkpoint_adds_no_thread_and_round_trips(tmp_path, monkeypatch):
