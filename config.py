@@ -226,9 +226,7 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None):
     longest = max(prompt_lens) if prompt_lens else None
     recompute = cfg.grad_checkpointing
     if recompute is None:
-        recompute = grad_checkpointing_default(AutoConfig.from_pretrained(cfg.model),
-                                               micro_batch_tokens(cfg, longest), dtype_bytes(cfg),
-                                               free)
+        recompute = not update_fits(cfg, free, longest)
         if cfg.share_prompt and recompute:
             raise ValueError(f"--share-prompt needs --no-grad-checkpointing, and the update "
                              f"(~{update_memory_gb(cfg, longest):.1f} GB) would not fit in half of "
@@ -262,6 +260,15 @@ def shares_prompt_pays(cfg, world, prompt_lens):
 
 def dtype_bytes(cfg):
     return 2 if cfg.train_dtype == "bfloat16" else 4
+
+
+def update_fits(cfg, free, longest_prompt=None):
+    """The memory test: whether the update without checkpointing fits in half of `free` bytes
+    (memory.grad_checkpointing_default). Decides --grad-checkpointing unset, and whether
+    train.keep_freed_memory keeps the heap."""
+    return not grad_checkpointing_default(AutoConfig.from_pretrained(cfg.model),
+                                          micro_batch_tokens(cfg, longest_prompt), dtype_bytes(cfg),
+                                          free)
 
 
 def update_memory_gb(cfg, longest_prompt=None):

@@ -51,7 +51,7 @@ from machinery import packed_attention
 from machinery.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, prune_checkpoints,
                         save_checkpoint)
 from config import (Config, decide_grad_checkpointing, method_defaults,  # noqa: F401 (re-exported)
-                    micro_batch_tokens, parse_config, resolve_config, update_memory_gb)
+                    micro_batch_tokens, parse_config, resolve_config, update_fits, update_memory_gb)
 from logprobs import pack, sequence_logprobs
 from policy import (batch_logprobs, build_model, check_batch_shape,  # noqa: F401 (re-exported)
                     make_optimizer, old_policy_sums, on_policy, reshard, update_policy)
@@ -94,20 +94,22 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def keep_freed_memory(cfg, device):
-    """On a CPU with memory to spare (checkpointing decided off), glibc (Linux): allocations from
-    the heap, not mapped afresh (mallopt M_MMAP_MAX 0; glibc's per-thread arenas still map blocks
-    above 64 MiB), and the main heap never trimmed (M_TRIM_THRESHOLD 2 GiB), so the blocks a step
-    frees serve the next without page faults. glibc's defaults map blocks above its threshold
-    (128 KiB, growing to 32 MiB) afresh and shrink the heap's top: FSDP2's cast copies, logits and
-    activations then fault their pages in on every micro-batch, ~30% of an update in the kernel
-    (docs/benchmarks.md). The price: freed blocks stay resident, ~0.6 GB more peak, so not where
-    memory decided for checkpointing. Left alone: GPU runs, other platforms, and a user's own
-    GLIBC_TUNABLES / MALLOC_* settings. -> whether it was set."""
+def keep_freed_memory(cfg, device, free, longest_prompt=None):
+    """On a CPU with memory to spare, glibc (Linux): allocations from the heap, not mapped afresh
+    (mallopt M_MMAP_MAX 0; glibc's per-thread arenas still map blocks above 64 MiB), and the main
+    heap never trimmed (M_TRIM_THRESHOLD 2 GiB), so the blocks a step frees serve the next
+    without page faults. glibc's defaults map blocks above its threshold (128 KiB, growing to 32
+    MiB) afresh and shrink the heap's top: FSDP2's cast copies, logits and activations then fault
+    their pages in on every micro-batch, ~30% of an update in the kernel (docs/benchmarks.md).
+    The price: freed blocks stay resident, ~0.6 GB more peak, so only where checkpointing is off
+    and the memory test that decides it unset (config.update_fits, on the `free` bytes of
+    decide_grad_checkpointing and the longest prompt) finds room, whatever the flag said. Left
+    alone: GPU runs, other platforms, and a user's own GLIBC_TUNABLES / MALLOC_* settings. ->
+    whether it was set."""
     own = "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "") or any(
         k.startswith("MALLOC_") for k in os.environ)
-    if (device.type != "cpu" or cfg.grad_checkpointing is not False
-            or not sys.platform.startswith("linux") or own):
+    if (device.type != "cpu" or cfg.grad_checkpointing or not sys.platform.startswith("linux")
+            or own or not update_fits(cfg, free, longest_prompt)):
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
@@ -312,7 +314,7 @@ def main(argv=None):
         print0(f"train.py: error: {e}")
         dist.destroy_process_group()
         sys.exit(2)
-    keep_freed_memory(cfg, device)
+    keep_freed_memory(cfg, device, free, max(map(len, prompt_ids)))
     model = build_model(cfg, device)
     ref_model = build_model(cfg, device, trainable=False) if cfg.kl_coef > 0 else None
     optimizer = make_optimizer(model, cfg)

@@ -67,7 +67,7 @@ def main():
     device = train.init_distributed()
     # as train.py decides them, once the device is set, from the training prompts' lengths
     cfg, free, source = train.decide_grad_checkpointing(cfg, device, [len(x) for x in ids])
-    heap = threshold is None and train.keep_freed_memory(cfg, device)  # as train.py, unless told
+    heap = threshold is None and train.keep_freed_memory(cfg, device, free, max(map(len, ids)))  # as train.py
     ids = ids[:cfg.prompts_per_step]
     print(f"{os.path.relpath(cfg.model, ROOT)}: {cfg.train_dtype} trainer, {cfg.rollout_dtype} engine "
           f"({cfg.rollout}), grad checkpointing {cfg.grad_checkpointing}, shared prompt {cfg.share_prompt}, heap "

@@ -282,7 +282,8 @@ def test_vllm_cpu_kv_cache_comes_back_zeroed_under_a_kept_heap(prompts):
     rollout on.)"""
     probe = (
         "import math, sys, torch, train, rollout\n"
-        "assert train.keep_freed_memory(train.Config(grad_checkpointing=False), torch.device('cpu'))\n"
+        "assert train.keep_freed_memory(train.Config(model=rollout.DEFAULT_MODEL, grad_checkpointing=False),\n"
+        "                               torch.device('cpu'), free=2**40)\n"
         "engine = rollout.make_engine('vllm', rollout.DEFAULT_MODEL, seed=0, dtype='float32')\n"
         "prompts = eval(sys.argv[1])\n"
         "sampling = rollout.Sampling(max_new_tokens=12, seed=4, logprobs=True)\n"

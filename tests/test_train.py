@@ -456,29 +456,32 @@ def test_one_rank_checkpoint_adds_no_thread_and_round_trips(tmp_path, monkeypatc
 def test_keep_freed_memory_reuses_freed_blocks_without_page_faults():
     """train.keep_freed_memory: blocks of 64 MiB allocated and freed over and over, as a step's logits and casts are,
     come from the heap's freed blocks once it has them, without page faults; under glibc's default every one is a
-    fresh mmap whose 16k pages fault in again. Not set under checkpointing (memory decided short) nor over a user's
-    own GLIBC_TUNABLES."""
+    fresh mmap whose 16k pages fault in again. Not set under checkpointing, nor over a user's own GLIBC_TUNABLES,
+    nor with checkpointing off where the memory test finds no room: the tiny model's update without checkpointing
+    needs over 10 MB (16 bytes per parameter), and 1 MB free is forced."""
     probe = (
-        "import resource, sys, torch, train\n"
-        "cfg = train.Config(grad_checkpointing=sys.argv[1] == 'on')\n"
-        "kept = train.keep_freed_memory(cfg, torch.device('cpu'))\n"
+        "import resource, sys, torch, rollout, train\n"
+        "cfg = train.Config(model=rollout.DEFAULT_MODEL, grad_checkpointing=sys.argv[1] == 'on')\n"
+        "kept = train.keep_freed_memory(cfg, torch.device('cpu'), free=float(sys.argv[2]))\n"
         "faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
         "counts = []\n"
         "for _ in range(20):\n"  # two 64 MiB float32 blocks, touched, then freed
         "    before = faults(); x = torch.ones(16 * 2**20); y = x * 2; counts.append(faults() - before); del x, y\n"
         "print(kept, sum(counts[-5:]))\n")
     runs = {}
-    for name, gc, extra in (("kept", "off", {}), ("checkpointing", "on", {}),
-                            ("own tunables", "off", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})):
+    for name, gc, free, extra in (("kept", "off", 2**40, {}), ("checkpointing", "on", 2**40, {}),
+                                  ("no room", "off", 2**20, {}),
+                                  ("own tunables", "off", 2**40, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})):
         clean = {k: v for k, v in env().items()  # glibc's defaults, and torch's: no huge pages asked for
                  if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE")}
-        out = subprocess.run([sys.executable, "-c", probe, gc], capture_output=True, text=True, cwd=ROOT,
+        out = subprocess.run([sys.executable, "-c", probe, gc, str(free)], capture_output=True, text=True, cwd=ROOT,
                              env={**clean, **extra}, timeout=HANG)
         assert out.returncode == 0, out.stderr[-2000:]
         kept, faults = out.stdout.split()[-2:]
         runs[name] = (kept == "True", int(faults))
     # the last 5 rounds: 10 blocks mapped and faulted afresh under the defaults (16k pages of 4 KiB each, or 32 where
     # the kernel backs them with 2 MiB pages: transparent huge pages "always"), the heap's own pages when kept
-    assert runs["kept"][0] and all(not runs[name][0] for name in ("checkpointing", "own tunables")), runs
-    assert runs["checkpointing"][1] >= 10 * 32 and runs["own tunables"][1] >= 10 * 32, runs
-    assert runs["kept"][1] * 10 < min(runs["checkpointing"][1], runs["own tunables"][1]), runs
+    others = ("checkpointing", "no room", "own tunables")
+    assert runs["kept"][0] and all(not runs[name][0] for name in others), runs
+    assert all(runs[name][1] >= 10 * 32 for name in others), runs
+    assert runs["kept"][1] * 10 < min(runs[name][1] for name in others), runs
