@@ -32,8 +32,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from verdicts import (DEFAULT_REWARD, ONE_SEED, SUMMARY_WINDOWS, VERDICT_WINDOWS, WINDOWS, arm_name,  # noqa: E402
-                      at_window, is_random, mean_std, mean_std_cell, one_seed_check, regime, verdicts)
+from verdicts import (DEFAULT_REWARD, ONE_SEED, SUMMARY_WINDOWS, WINDOWS, arm_name,  # noqa: E402
+                      at_window, is_random, mean_std, mean_std_cell, one_seed_check, regime, verdict_windows, verdicts)
 from verdicts import entropy_control, random_control  # noqa: E402,F401 (re-exported)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -185,7 +185,7 @@ def markdown(table, verdict_lines, n_seeds, max_steps):
     coins = f" Training rewards: coins (--reward {reward})." if is_random(reward) else ""
     lines = [f"{n_seeds} seeds x {max_steps} steps; mean ± std over seeds; step metrics averaged over the last 5 "
              f"steps.{coins} Verdicts: differences paired by seed, mean ± half-width of the 95% t interval; "
-             f"{VERDICT_WINDOWS}.",
+             f"{verdict_windows(table)}.",
              "", f"| method | δ | mean@n (%) | {pk} (%) | entropy | clip frac | upper-clip rate, p < 0.2 "
              "| train reward |",
              "|---|---|---|---|---|---|---|---|"]

@@ -34,9 +34,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import clip_counts, load_tables, plot_seeds, run_reward  # noqa: E402
-from verdicts import (ONE_SEED, SUMMARY_WINDOWS, TESTABLE, VERDICT_WINDOWS, arm_name, at_window, ci,  # noqa: E402
+from verdicts import (ONE_SEED, SUMMARY_WINDOWS, TESTABLE, arm_name, at_window, ci,  # noqa: E402
                       entropy_control, is_random, mean_std, mean_std_cell, one_seed_check, regime, t_interval,
-                      verdicts)
+                      verdict_windows, verdicts)
 
 WINDOW = 10      # steps in a trailing mean (per-step metrics come from 256 completions: noisy one by one)
 LAST_EVALS = 3   # evaluations averaged into the final accuracy
@@ -182,7 +182,7 @@ def markdown(table, lines, horizon, n_seeds):
     out = [f"{n_seeds} seeds x {horizon} steps; mean ± std over seeds. Entropy: step 1 and the mean of the last "
            f"{WINDOW} steps; accuracy: the first evaluation and the mean of the last {LAST_EVALS}; clip and band "
            f"columns: means over the whole horizon.{coins} Verdicts: differences paired by seed, mean ± half-width "
-           f"of the 95% t interval; {VERDICT_WINDOWS}.",
+           f"of the 95% t interval; {verdict_windows(table)}.",
            "",
            "| method | entropy, step 1 | entropy, final | half-entropy step | mean@n start (%) | mean@n final (%) "
            "| pass@n final (%) | clip frac | upper-clip rate, p < 0.2 | band width | out above / below band |",

@@ -8,10 +8,12 @@ p < 0.2 tokens clipped upward), read from per-seed summaries (the rows of compar
   "underpowered"; "the clip does not hold the entropy down" needs no-clip minus GRPO's interval to
   end below +EQUIV (`control_side`);
 - "supports" / "reproduced" need the claim's size (SUPPORT_RATIO, 2 points, half the clips);
-- a step metric is read at two WINDOWS (RANDOM_WINDOWS under coins); where they disagree,
-  "inconclusive (window-dependent)";
+- a step metric is read at two WINDOWS (RANDOM_WINDOWS under coins), each named as averaged (the "last 60
+  steps" of a 10-step run are all 10); where they disagree, "inconclusive (window-dependent)", where one is
+  missing, "inconclusive (one window)";
 - claim (2) is read against a no-clip arm once the clip acted (`clip_acted`, `entropy_control`);
-  under `--reward random` `random_control` reads the clip's own drift and each arm's share of it.
+  under `--reward random` `random_control` reads the clip's own drift and each arm's share of it (a Fieller
+  interval for the ratio of paired means, read against ±FRACTION_MARGIN of GRPO and of no-clip).
 Called by compare.py and horizon.py; tests/test_compare.py states each rule on hand-built runs.
 """
 
@@ -28,7 +30,7 @@ RANDOM_WINDOWS = (60, "half")   # under coins a drift builds up over the run; th
 SUMMARY_WINDOWS = {**WINDOWS, "entropy": WINDOWS["entropy"] + RANDOM_WINDOWS}
 EQUIV = 0.10          # "no difference": the 95% t interval inside ±10% of GRPO's final entropy
 SUPPORT_RATIO = math.sqrt(10)   # Band-KL / GRPO entropy for "supports": the geometric midpoint of 1x and 10x
-BOOTSTRAP = 4000      # resamples of the seeds in drift_fraction's interval (random.Random(0): reproducible)
+FRACTION_MARGIN = 0.25   # "as GRPO" / "as no-clip": drift_fraction's interval within ±0.25 of 0 / of 1
 # Student's t, 0.975 quantile, df = 1..30 (any statistics table); beyond 30 the Cornish-Fisher series in t975
 VERDICT_WINDOWS = ("entropy read at the last 5 and the last 10 steps, the upper-clip rate of p < 0.2 tokens over "
                    "all steps and over their last half")
@@ -106,8 +108,17 @@ def at_window(values, w):
     return mean_std(values if w == "all" else values[len(values) // 2:] if w == "half" else values[-w:])[0]
 
 
-def window_name(w):
+def window_name(w, steps=None):
+    """A window named as it is averaged: the last w steps of a run of `steps` are min(w, steps) of them."""
+    if w not in ("all", "half") and steps is not None and w >= steps:
+        return f"all {steps} steps"
     return {"all": "all steps", "half": "the last half of the steps"}.get(w, f"last {w} steps")
+
+
+def table_steps(table):
+    """The fewest steps any run of the table summarises (None where the rows do not say)."""
+    steps = [x.get("steps") for rows in table.values() for x in rows]
+    return min(steps) if steps and None not in steps else None
 
 
 def windows(table, key, ws=None):
@@ -115,45 +126,57 @@ def windows(table, key, ws=None):
     return [w for w in ws or WINDOWS[key] if all(f"{key}@{w}" in x for rows in table.values() for x in rows)]
 
 
-def across(results, key, ws=None):
+def across(results, key, ws=None, steps=None):
     """(label, text) from per-window (w, label, text) readings of `key`: the label where every window gives it,
-    else "inconclusive (window-dependent)"; the text names each window and any window not in the numbers."""
+    "inconclusive (window-dependent)" where they differ, "inconclusive (one window)" where a window is not in the
+    numbers; the text names each window as averaged over runs of `steps` and any window missing."""
     labels = {label for _, label, _ in results}
     ws = ws or WINDOWS[key]
-    missing = [f"{window_name(w)}: not in these numbers" for w in ws if w not in {r[0] for r in results}]
+    name = lambda w: window_name(w, steps)  # noqa: E731
+    missing = [f"{name(w)}: not in these numbers" for w in ws if w not in {r[0] for r in results}]
     if not labels:
-        return "no reading", f"{key} over {' or over '.join(map(window_name, ws))}: not in these numbers"
-    label = results[0][1] if len(labels) == 1 else "inconclusive (window-dependent)"
-    return label, "; ".join([f"{window_name(w)}: {t}" for w, _, t in results] + missing)
+        return "no reading", f"{key} over {' or over '.join(map(name, ws))}: not in these numbers"
+    label = ("inconclusive (window-dependent)" if len(labels) > 1 else
+             "inconclusive (one window)" if missing else results[0][1])
+    return label, "; ".join([f"{name(w)}: {t}" for w, _, t in results] + missing)
 
 
-def drift_fraction(arm, clip, noclip, key, resamples=BOOTSTRAP):
+def drift_fraction(arm, clip, noclip, key):
     """(f, lo, hi, n): f = mean(arm - clip) / mean(noclip - clip) over the n seeds all three share (0 = as GRPO,
-    1 = as no-clip) and its 95% paired-bootstrap percentile interval (`resamples` draws of n seeds with
-    replacement, random.Random(0); only C(2n - 1, n) distinct draws: 10 at n = 3)."""
+    1 = as no-clip) and Fieller's 95% interval for a ratio of paired means (t on n - 1 df): the f with
+    (x̄ - f ȳ)² <= t² (s_xx - 2 f s_xy + f² s_yy) / n. Unbounded, (-inf, inf), where the denominator's own
+    interval reaches 0 (ȳ² <= t² s_yy / n): no-clip is then not told apart from GRPO."""
     a, c, o = (_by_seed(rows, key) for rows in (arm, clip, noclip))
     seeds = [s for s in c if s in a and s in o]
-    num, den = [a[s] - c[s] for s in seeds], [o[s] - c[s] for s in seeds]
-    ratio = lambda idx: (sum(num[i] for i in idx) / sum(den[i] for i in idx)  # noqa: E731
-                         if sum(den[i] for i in idx) else math.copysign(math.inf, sum(num[i] for i in idx)))
-    n = len(seeds)
+    x, y, n = [a[s] - c[s] for s in seeds], [o[s] - c[s] for s in seeds], len(seeds)
+    mx, my = (sum(x) / n, sum(y) / n) if n else (math.nan, math.nan)
+    f = mx / my if my else math.copysign(math.inf, mx) if n else math.nan
     if n < 2:
-        return (ratio(range(n)) if n else math.nan), math.nan, math.nan, n
-    rng = random.Random(0)
-    fs = sorted(ratio([rng.randrange(n) for _ in range(n)]) for _ in range(resamples))
-    return ratio(range(n)), fs[int(0.025 * resamples)], fs[math.ceil(0.975 * resamples) - 1], n
+        return f, math.nan, math.nan, n
+    cov = lambda u, mu, v, mv: sum((p - mu) * (q - mv) for p, q in zip(u, v)) / (n - 1)  # noqa: E731
+    t2 = t975(n - 1) ** 2 / n
+    qa = my ** 2 - t2 * cov(y, my, y, my)                  # qa f² - 2 qb f + qc <= 0
+    qb = mx * my - t2 * cov(x, mx, y, my)
+    qc = mx ** 2 - t2 * cov(x, mx, x, mx)
+    if qa <= 0:
+        return f, -math.inf, math.inf, n
+    root = math.sqrt(max(qb ** 2 - qa * qc, 0.0))
+    return f, (qb - root) / qa, (qb + root) / qa, n
 
 
-def fraction_label(f, lo, hi, n):
-    """Where an arm sits between GRPO (f = 0) and no-clip (f = 1), from the interval of drift_fraction."""
+def fraction_label(f, lo, hi, n, margin=FRACTION_MARGIN):
+    """Where an arm sits between GRPO (f = 0) and no-clip (f = 1), from drift_fraction's interval: "as GRPO" /
+    "as no-clip" only where the interval lies within ±margin of 0 / of 1 (an equivalence bound, not a failure to
+    tell them apart); "beyond" either end or "removes part of it" where it excludes both; else underpowered."""
     if n < 2:
         return f"inconclusive (n = {n})"
-    has0, has1 = lo <= 0 <= hi, lo <= 1 <= hi
-    if has0 and has1:
-        return "inconclusive (underpowered)"
-    if has1 or has0:
-        return "removes the clip's drift (as no-clip)" if has1 else "keeps the clip's drift (as GRPO)"
-    return "beyond no-clip" if lo > 1 else "beyond GRPO" if hi < 0 else "removes part of it"
+    if -margin <= lo and hi <= margin:
+        return f"keeps the clip's drift (as GRPO, within ±{margin:g})"
+    if 1 - margin <= lo and hi <= 1 + margin:
+        return f"removes the clip's drift (as no-clip, within ±{margin:g})"
+    if lo > 1 or hi < 0:
+        return "beyond no-clip" if lo > 1 else "beyond GRPO"
+    return "removes part of it" if 0 < lo and hi < 1 else "inconclusive (underpowered)"
 
 
 # --- verdicts ---------------------------------------------------------------------------------------------------
@@ -166,6 +189,16 @@ TESTABLE = ("supports", "supports the direction, not the size", "does not reprod
 RANDOM_NA = ("(1), (2a), (2b) and the held-out-accuracy guard do not apply: the training rewards are coins "
              "independent of the text (--reward {}), so nothing is learned from them; (R) reads the entropy over "
              "the last 60 steps and over the last half (RANDOM_WINDOWS)")
+
+
+def verdict_windows(table):
+    """The windows the verdicts of this table read, for a generated header: VERDICT_WINDOWS, or under coins the
+    entropy's RANDOM_WINDOWS, each named as averaged over the table's runs."""
+    if not is_random(regime(table)):
+        return VERDICT_WINDOWS
+    steps = table_steps(table)
+    return (f"entropy read over two windows ({'; '.join(window_name(w, steps) for w in RANDOM_WINDOWS)}), the "
+            f"upper-clip rate of p < 0.2 tokens over all steps and over their last half")
 
 
 def is_random(reward):
@@ -191,6 +224,11 @@ def accuracy_change(runs):
     return t_interval([100 * (x["mean@n"] - x.get("mean@n_start", math.nan)) for x in runs])
 
 
+def fell(d):
+    """An accuracy change that is a fall: its 95% t interval lies below 0 (n >= 2), not merely its mean."""
+    return d.n > 1 and d.mean + d.half < 0
+
+
 def _arm(table, method):
     return next((runs for (m, _), runs in table.items() if m == method), None)
 
@@ -213,7 +251,7 @@ def clip_acted(clip):
 
 def _entropy_reading(clip, noclip, band, key):
     """Claim (2) at one window (`key` = "entropy@w"): (label, text). See entropy_control."""
-    degenerate = lambda runs: accuracy_change(runs).n > 0 and accuracy_change(runs).mean < 0  # noqa: E731
+    degenerate = lambda runs: fell(accuracy_change(runs))  # noqa: E731
     mean = lambda runs: mean_std([x[key] for x in runs])[0]  # noqa: E731
     margin = EQUIV * mean(clip)
     dn, db, dbn = paired(noclip, clip, key), paired(band, clip, key), paired(band, noclip, key)
@@ -278,31 +316,32 @@ def entropy_control(table):
     if not clip or not band:
         return None, []
     acted, check = clip_acted(clip)
-    ws = windows(table, "entropy")
+    ws, steps = windows(table, "entropy"), table_steps(table)
     if noclip:
         margin = lambda w: EQUIV * mean_std([x[f"entropy@{w}"] for x in clip])[0]  # noqa: E731
         dn = {w: paired(noclip, clip, f"entropy@{w}") for w in ws}
         side = lambda w: SIDES.get(control_side(dn[w], margin(w)), "inconclusive")  # noqa: E731
         check += "; no-clip minus GRPO final entropy, " + "; ".join(
-            f"{window_name(w)}: {ci(dn[w])} against +{margin(w):.3f}: **{side(w)}**" for w in ws)
+            f"{window_name(w, steps)}: {ci(dn[w])} against +{margin(w):.3f}: **{side(w)}**" for w in ws)
     else:
         check += "; no no-clip arm"
     arms = (("GRPO", clip), ("no-clip", noclip), ("Band-KL", band))
     changes = [(name, accuracy_change(runs)) for name, runs in arms if runs]
-    below = ", ".join(name for name, d in changes if d.n and d.mean < 0)
+    below = ", ".join(name for name, d in changes if fell(d))
     acc = ", ".join(f"{name} {ci(d, '.1f')}" for name, d in changes if d.n)
     acc = f"held-out accuracy, final minus step 0, points: {acc}" if acc else "no step-0 accuracy in these numbers"
-    acc += f" (below the start: {below})" if below else ""
+    acc += f" (below the start, 95% t interval below 0: {below})" if below else ""
     if acted is False or not noclip:
         reading = "not testable in this regime" if acted is False else "no no-clip arm"
         why = "the clip barely acted" if acted is False else NO_CONTROL
         why += f"; and no no-clip arm: {NO_CONTROL}" if acted is False and not noclip else ""
-        text = "; ".join(f"{window_name(w)}: final entropy GRPO {mean_std([x[f'entropy@{w}'] for x in clip])[0]:.3f}, "
+        text = "; ".join(f"{window_name(w, steps)}: final entropy GRPO {mean_std([x[f'entropy@{w}'] for x in clip])[0]:.3f}, "
                          f"Band-KL minus GRPO {ci(paired(band, clip, f'entropy@{w}'))}" for w in ws)
         label = f"no no-clip arm: {why}" if reading == "no no-clip arm" else reading
         text = text if reading == "no no-clip arm" else f"{why}; {text}"
     else:
-        reading, text = across([(w, *_entropy_reading(clip, noclip, band, f"entropy@{w}")) for w in ws], "entropy")
+        reading, text = across([(w, *_entropy_reading(clip, noclip, band, f"entropy@{w}")) for w in ws], "entropy",
+                               steps=steps)
         label = reading
     return reading, [
         f"(control) Did the clip act? {check}",
@@ -333,11 +372,11 @@ def random_control(table):
     head = "(R) Does the clip by itself move the entropy (GRPO minus no-clip final entropy, paired by seed)?"
     if not noclip:
         return "no no-clip arm", out + [f"{head} **no no-clip arm**: under coin rewards every arm is read against it"]
-    ws = windows(table, "entropy", RANDOM_WINDOWS)
+    ws, steps = windows(table, "entropy", RANDOM_WINDOWS), table_steps(table)
 
     moved = {"above": "the clip raises the entropy", "below": "the clip lowers the entropy",
              "equivalent": "no effect within the margin", "underpowered": "inconclusive (underpowered)"}
-    reading, text = across([_side(clip, noclip, clip, w, moved) for w in ws], "entropy", RANDOM_WINDOWS)
+    reading, text = across([_side(clip, noclip, clip, w, moved) for w in ws], "entropy", RANDOM_WINDOWS, steps)
     if acted is False:
         reading, text = "not testable in this regime", f"the clip barely acted; {text}"
     out.append(f"{head} **{reading}** ({text})")
@@ -350,9 +389,9 @@ def random_control(table):
         per_w = []
         for w in ws:
             f, lo, hi, n = drift_fraction(runs, clip, noclip, f"entropy@{w}")
-            per_w.append((w, fraction_label(f, lo, hi, n), f"f = {f:.2f}, 95% paired-bootstrap interval "
-                          f"[{lo:.2f}, {hi:.2f}] ({BOOTSTRAP} resamples of {n} seeds)"))
-        label, text = across(per_w, "entropy", RANDOM_WINDOWS)
+            per_w.append((w, fraction_label(f, lo, hi, n), f"f = {f:.2f}, 95% Fieller interval "
+                          f"[{lo:.2f}, {hi:.2f}] (n = {n}), margin ±{FRACTION_MARGIN:g}"))
+        label, text = across(per_w, "entropy", RANDOM_WINDOWS, steps)
         out.append(f"(R) {arm_name(config)}: the fraction of the clip's drift it removes, f = (arm - GRPO) / "
                    f"(no-clip - GRPO), a ratio of paired means: **{label}** ({text})")
     return reading, out
@@ -371,12 +410,14 @@ def _side(a, b, clip, w, labels):
 def _against_clip_and_start(table, clip, ws):
     """Under coins, without the no-clip arm's wander: each arm minus GRPO (paired, against the margin), and each
     arm's change from its start entropy (step 1, shared by the seed's runs), where the summaries hold it."""
-    out = []
+    out, steps = [], table_steps(table)
     for config, runs in ((c, r) for c, r in table.items() if c[0] not in ("clip", "noclip")):
-        label, text = across([_side(runs, clip, clip, w, SIDES_GRPO) for w in ws], "entropy", RANDOM_WINDOWS)
+        label, text = across([_side(runs, clip, clip, w, SIDES_GRPO) for w in ws], "entropy", RANDOM_WINDOWS, steps)
         out.append(f"(R) Against GRPO: {arm_name(config)} minus GRPO entropy, paired: **{label}** ({text})")
     if all("entropy_start" in x for runs in table.values() for x in runs) and ws:
-        out.append(f"(R) Change from the start entropy (step 1) to the {window_name(ws[0])}, per arm: " + "; ".join(
+        name = window_name(ws[0], steps)
+        name = name if name.startswith(("all", "the")) else f"the {name}"
+        out.append(f"(R) Change from the start entropy (step 1) to {name}, per arm: " + "; ".join(
             f"{arm_name(c)} {ci(t_interval([x[f'entropy@{ws[0]}'] - x['entropy_start'] for x in r]))}"
             for c, r in table.items()))
     return out
@@ -400,7 +441,8 @@ def claim3(table):
         ratio = f"{lb / lg:.2f}" if lg > 0 else "–"
         return w, v, f"rate {lb:.4f} vs {lg:.4f}, Band-KL / GRPO {ratio}; difference {ci(d, '.4f')}"
 
-    label, text = across([read(w) for w in windows(table, "clip/low_p_upper_rate")], "clip/low_p_upper_rate")
+    label, text = across([read(w) for w in windows(table, "clip/low_p_upper_rate")], "clip/low_p_upper_rate",
+                         steps=table_steps(table))
     return [f"(3) BandPO clips far fewer p < 0.2 tokens at the upper bound (\"reproduced\": at most half GRPO's "
             f"rate): **{label}** ({text})"]
 

@@ -232,9 +232,9 @@ def test_horizon_cli_random_regime(tmp_path):
     assert out.returncode == 0, out.stderr
     md = (tmp_path / "res" / "horizon.md").read_text()
     assert "Training rewards: coins (--reward random)." in md and "(2a)" not in md.split("- (1), (2a)")[1]
-    assert "**the clip lowers the entropy** (last 60 steps: -0.100 ± 0.000 (95% t interval, n = 2)" in md
+    assert "**the clip lowers the entropy** (all 20 steps: -0.100 ± 0.000 (95% t interval, n = 2)" in md
     assert "(R) bandkl δ=0.05: the fraction of the clip's drift it removes" in md
-    assert "f = 0.50, 95% paired-bootstrap interval [0.50, 0.50] (4000 resamples of 2 seeds)" in md
+    assert "f = 0.50, 95% Fieller interval [0.50, 0.50] (n = 2), margin ±0.25" in md
     assert (tmp_path / "h_noclip.png").stat().st_size > 0
     # one run on another reward: refused, naming both
     _write_run(tmp_path / "clip-d0.05-s2", 20, lambda t: 0.1, 5, (0.8, 1.2), reward="random:0.3")
