@@ -114,23 +114,48 @@ def anatomy(data, arm):
             for key, vals in sorted(cells.items())}
 
 
-def plot(data, arms, path):
+def cell_diff(data, arm, ref):
+    """Per cell, arm minus ref in Δ log p per token: the cells hold the same tokens in every arm (the same rollout
+    and old log-probs), so the difference is paired token by token; (mean, half) over seeds."""
+    per = {}
+    for steps in data.values():
+        sums = {}
+        for b in steps.values():
+            for c, r in zip(b[arm]["cells"], b[ref]["cells"]):
+                s = sums.setdefault((tuple(c["p"]), c["adv"]), [0, 0.0])
+                s[0] += c["tokens"]
+                s[1] += c["dlogp_sum"] - r["dlogp_sum"]
+        for key, (n, d) in sums.items():
+            if n:
+                per.setdefault(key, []).append(d / n)
+    return {key: t_of(v)[:2] for key, v in sorted(per.items())}
+
+
+def plot(data, arms, path, ref="noclip"):
+    """Top: Δ log p per token by old-probability bin and advantage sign, one line per arm. Bottom: each arm minus
+    `ref` (paired token by token): where the bounds brake or push."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-    for ax, sign, title in zip(axes, "+-", ("positive advantage (Â > 0)", "negative advantage (Â < 0)")):
-        for arm in arms:
-            cells = anatomy(data, arm)
-            keys = [k for k in cells if k[1] == sign]
-            xs = [f"{k[0][0]:g}–{k[0][1]:g}" for k in keys]
-            ax.errorbar(xs, [cells[k][1][0] for k in keys], yerr=[cells[k][1][1] for k in keys], marker="o",
-                        capsize=3, label=arm)
-        ax.axhline(0, color="grey", lw=0.5)
-        ax.set_title(title)
-        ax.set_xlabel("old probability of the token")
-    axes[0].set_ylabel("Δ log p per token, one rollout")
-    axes[1].legend(fontsize=8)
+    rows = 2 if ref in arms else 1
+    fig, axes = plt.subplots(rows, 2, figsize=(10, 3.6 * rows), sharex=True, squeeze=False)
+    for col, sign, title in ((0, "+", "positive advantage (Â > 0)"), (1, "-", "negative advantage (Â < 0)")):
+        for j, arm in enumerate(arms):
+            for row, cells in enumerate([anatomy(data, arm)] + ([cell_diff(data, arm, ref)] if rows == 2 else [])):
+                keys = [k for k in cells if k[1] == sign]
+                xs = [i + 0.06 * (j - len(arms) / 2) for i in range(len(keys))]
+                get = (lambda v: v[1]) if row == 0 else (lambda v: v)  # noqa: E731
+                axes[row, col].errorbar(xs, [get(cells[k])[0] for k in keys], yerr=[get(cells[k])[1] for k in keys],
+                                        marker="o", ms=3, capsize=2, label=arm, color=f"C{j}")
+                axes[row, col].set_xticks(range(len(keys)), [f"{k[0][0]:g}–{k[0][1]:g}" for k in keys])
+        for row in range(rows):
+            axes[row, col].axhline(0, color="grey", lw=0.5)
+        axes[0, col].set_title(title)
+        axes[-1, col].set_xlabel("old probability of the token")
+    axes[0, 0].set_ylabel("Δ log p per token, one rollout")
+    if rows == 2:
+        axes[1, 0].set_ylabel(f"minus {ref}'s, same tokens")
+    axes[0, 1].legend(fontsize=8)
     fig.suptitle(f"One rollout's updates by token kind ({len(data)} seeds; mean ± 95% t over seeds)")
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -181,13 +206,18 @@ def report(rows, coin_runs):
     out += ["", "## Token anatomy", "", "Per cell of old probability x advantage sign, mean over seeds ± 95% t: "
             "tokens per rollout, Δ log p per token after the rollout's updates, entropy change at those "
             "positions per token, upward / downward clips per rollout.", ""]
+    ref = "noclip" if "noclip" in arms else arms[0]
     for arm in arms:
-        out += [f"**{arm}**", "", "| p | Â | tokens | Δ log p | ΔH (1e-3) | up / down clips |", "|---|---|---|---|---|---|"]
+        diff = cell_diff(data, arm, ref)
+        out += [f"**{arm}**", "", f"| p | Â | tokens | Δ log p | minus {ref}'s | ΔH (1e-3) | up / down clips |",
+                "|---|---|---|---|---|---|---|"]
         for (p, sign), v in anatomy(data, arm).items():
             if sign == "0":
                 continue
+            d = diff.get((p, sign), (math.nan, math.nan))
             out.append(f"| {p[0]:g}–{p[1]:g} | {sign} | {v[0][0]:.1f} | {v[1][0]:+.4f} ± {v[1][1]:.4f} | "
-                       f"{v[2][0] * 1e3:+.2f} ± {v[2][1] * 1e3:.2f} | {v[3][0]:.2f} / {v[4][0]:.2f} |")
+                       f"{d[0]:+.4f} ± {d[1]:.4f} | {v[2][0] * 1e3:+.2f} ± {v[2][1] * 1e3:.2f} | "
+                       f"{v[3][0]:.2f} / {v[4][0]:.2f} |")
         out.append("")
     return "\n".join(out) + "\n", data, arms
 
