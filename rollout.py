@@ -29,11 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
-                          LogitsProcessor, StoppingCriteria, TemperatureLogitsWarper,
-                          TopPLogitsWarper)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 import data
+from machinery import hf_sampling
 from machinery import vllm_cpu_sleep
 from machinery import vllm_logging
 from machinery.precision import resolve_dtype
@@ -291,10 +290,8 @@ class HFEngine:
         greedy = sampling.temperature == 0
         # Only the paper's knobs: a fresh config, so a Hub model's own defaults (top_k,
         # repetition_penalty, ...) do not leak in. top_k=0 switches transformers' default top-k of
-        # 50 off. Temperature and top-p are applied by our own processors (_warpers): transformers 5
-        # runs the caller's logits processors *before* its own warpers (generation/utils.py,
-        # _get_logits_processor), so a log-prob recorder placed after them would see the raw logits,
-        # not the distribution that is sampled from.
+        # 50 off. Temperature and top-p are applied by our own processors, before the log-prob
+        # recorder (machinery/hf_sampling.py says why).
         config = dict(do_sample=not greedy, temperature=None, top_p=None,
                       top_k=None if greedy else 0, eos_token_id=self.eos_ids,
                       pad_token_id=self.pad_id, return_dict_in_generate=True)
@@ -324,8 +321,9 @@ class HFEngine:
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         budget = [min(sampling.max_new_tokens, self.max_model_len - len(p)) for _, p in rows]
-        recorder = _LogprobRecorder() if sampling.logprobs else None
-        hooks = dict(logits_processor=_warpers(sampling) + ([recorder] if recorder else []))
+        recorder = hf_sampling.LogprobRecorder() if sampling.logprobs else None
+        processors = hf_sampling.warpers(sampling) + ([recorder] if recorder else [])
+        hooks = dict(logits_processor=processors)
         if recorder:
             hooks["stopping_criteria"] = [recorder.gather]
         out = self.model.generate(
@@ -357,41 +355,6 @@ class HFEngine:
 
     def close(self):
         pass
-
-
-def _warpers(sampling):
-    """Temperature, then top-p, as transformers would add them (none for greedy or at their neutral
-    values)."""
-    if sampling.temperature == 0:
-        return []
-    out = [TemperatureLogitsWarper(sampling.temperature)] if sampling.temperature != 1.0 else []
-    return out + ([TopPLogitsWarper(sampling.top_p)] if sampling.top_p < 1.0 else [])
-
-
-class _LogprobRecorder(LogitsProcessor):
-    """Keeps log p(sampled token) per step during HF generate, holding one step's (B, V) log-softmax
-    at a time (output_logits=True would keep every step's logits). As the last logits processor
-    (after _warpers) it sees the distribution that is sampled from (after temperature / top-p),
-    which is the model's own at T = 1, top-p = 1; its companion stopping criterion, called right
-    after sampling, picks the sampled token's entry."""
-
-    def __init__(self):
-        self.logp, self.steps = None, []
-        self.gather = _GatherSampled(self)
-
-    def __call__(self, input_ids, scores):
-        self.logp = torch.log_softmax(scores.float(), dim=-1)  # (B, V)
-        return scores
-
-
-class _GatherSampled(StoppingCriteria):
-    def __init__(self, recorder):
-        self.recorder = recorder
-
-    def __call__(self, input_ids, scores, **kwargs):
-        self.recorder.steps.append(self.recorder.logp.gather(-1, input_ids[:, -1:])[:, 0])  # (B,)
-        # never stops anything
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 # --- weight sync ----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ none of it BandPO's mathematics.
     precision.py       the compute dtype (bf16 where the hardware has it); a guard on oneMKL's first-call race
     checkpoint.py      distributed checkpoints, exact resume, Hugging Face export
     verify_pool.py     the worker processes that run math-verify for reward.py, each check bounded in time
+    hf_sampling.py     transformers' generate sampling as the paper does, with each sampled token's log-prob
     vllm_cpu_sleep.py  vLLM's sleep on a CPU (free the KV cache and the weights between rollouts)
     vllm_logging.py    a quiet vLLM console
 
