@@ -52,15 +52,15 @@ def report(tmp_path_factory):
     r = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--quick", "--out", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert (out / "report.md").read_text().count("\n## ") == 2 + 8  # machine, wheels, the eight sections
+    assert (out / "report.md").read_text().count("\n## ") == 2 + 9  # machine, wheels, the nine sections
     return json.loads((out / "report.json").read_text())
 
 
 @pytest.mark.slow
 def test_every_section_reports_numbers(report):
-    """All eight sections, in order, each with numbers; only vLLM's may be skipped, and then they say why."""
+    """All nine sections, in order, each with numbers; only vLLM's may be skipped, and then they say why."""
     sections = report["sections"]
-    assert list(sections) == ["tests", "band", "train", "update", *VLLM_SECTIONS]
+    assert list(sections) == ["tests", "band", "train", "update", "pack", *VLLM_SECTIONS]
     for name, sec in sections.items():
         if name in VLLM_SECTIONS and sec["status"] == "skipped":
             assert "vLLM not importable" in sec["reason"]
@@ -73,6 +73,23 @@ def test_every_section_reports_numbers(report):
     assert all(t > 0 for t in sections["band"]["ms"].values())
     assert sections["update"]["update_s"] > 0 and sections["update"]["skipped_updates"] == 0
     assert sections["train"]["heldout"] and sections["train"]["time_split_s"]["step"] > 0
+
+
+@pytest.mark.slow
+def test_packed_section_runs_the_packed_kernel_and_the_same_update(report):
+    """The pack section at toy size: rows, a padded budget and packed budgets each ran (no padding when packed), the
+    packed kernel of a CPU ran in the packed settings (and only there: the section asserts it), every setting's
+    summed loss is the rows' (the same update, float32 sums in other orders: <= 1e-4 relative, bench_lengths'
+    check), and the FLOP formula says how the tied embedding was counted."""
+    sec = report["sections"]["pack"]
+    assert sec["attention_kernel"] == "sdpa-rows" and sec["attention_kernel_calls"] > 0
+    settings = [k for k in sec if k == "rows" or k.startswith(("token_budget_", "packed_"))]
+    assert len(settings) == 4 and all(isinstance(sec[k], dict) for k in settings)
+    ref = sec["rows"]["loss"]
+    for k in settings:
+        assert sec[k]["update_s"] > 0 and abs(sec[k]["loss"] - ref) <= 1e-4 * max(1.0, abs(ref)), (k, sec[k])
+        assert (sec[k]["padded_over_real"] == 1.0) == k.startswith("packed_")
+    assert "tied" in sec["flops_formula"] and sec["model_tflops_per_update"] > 0
 
 
 @pytest.mark.slow
