@@ -352,11 +352,25 @@ def merge(out):
     return len(rows)
 
 
+KEYS = """pairs.jsonl, one line per (seed, branch point, arm): seed; step (train.py's 0-based rollout index);
+arm, method, eps_low, eps_high, delta; dH_probe, dH_probe_is (entropy change per probe token, plain and
+importance-weighted), kl (KL(old || new) per probe token), H_probe, ess (the weights' effective sample share);
+dH_train, dlogp_train, H_train (on the rollout's tokens); tokens, n_upper, n_lower (the update's clips),
+first_abs_dev (0: the restore check); cells (per old-probability bin x advantage sign: p, adv, tokens,
+dlogp_sum, dH_sum, up, down); time_s, cpu_s.
+
+Flags after -- are train.py's (Config); defaults here: {}"""
+
+
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
 def parse_args(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Flags after -- are "
-                                 "train.py's (Config); defaults here: " + " ".join(TRAIN_DEFAULTS))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=_Help, epilog=KEYS.format(
+        " ".join(TRAIN_DEFAULTS)))
     ap.add_argument("--seeds", default="0", help="base trajectories, comma-separated (the units)")
     ap.add_argument("--branches", type=int, default=60, help="branch points per trajectory")
     ap.add_argument("--every", type=int, default=1, help="rollouts from one branch point to the next")
