@@ -49,7 +49,7 @@ import reward
 import rollout
 from machinery import packed_attention
 from machinery.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, prune_checkpoints,
-                        save_checkpoint)
+                                  save_checkpoint)
 from config import (Config, decide_grad_checkpointing, method_defaults,  # noqa: F401 (re-exported)
                     micro_batch_tokens, parse_config, resolve_config, update_fits, update_memory_gb)
 from logprobs import pack, sequence_logprobs
