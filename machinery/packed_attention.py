@@ -90,11 +90,25 @@ def _sdpa_rows(q, k, v, packing, scale):
 
 
 def _varlen(q, k, v, packing, scale):
+    # varlen_attn's keywords changed between torch releases (2.10: is_causal; later: window_size,
+    # then scale and enable_gqa): pass what this torch's signature has, and repeat k and v for GQA
+    # where it cannot share them
+    import inspect
     from torch.nn.attention.varlen import varlen_attn
+    params = inspect.signature(varlen_attn).parameters
     q, k, v = (x[0].transpose(0, 1) for x in (q, k, v))                     # (N, H, D)
+    kw = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}  # causal
+    if "scale" in params:
+        kw["scale"] = scale
+    elif scale is not None and abs(scale - q.shape[-1] ** -0.5) > 1e-12:
+        raise ValueError(f"this torch's varlen_attn has no scale argument, and the model's is {scale}")
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            kw["enable_gqa"] = True
+        else:
+            k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))  # (N, H, D)
     out = varlen_attn(q, k, v, packing.cu_seqlens, packing.cu_seqlens, packing.max_len,
-                      packing.max_len, scale=scale, window_size=(-1, 0),  # (-1, 0): causal
-                      enable_gqa=q.shape[1] != k.shape[1])                  # (N, H, D)
+                      packing.max_len, **kw)                                # (N, H, D)
     return out[None]
 
 

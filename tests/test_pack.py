@@ -17,6 +17,7 @@ import policy
 import rollout
 import train
 from logprobs import RolloutBatch, enable_packing, packed_logprobs, sequence_logprobs
+from machinery import packed_attention
 from machinery.precision import cpu_has_native_bf16
 
 U32, U64 = torch.finfo(torch.float32).eps / 2, torch.finfo(torch.float64).eps / 2
@@ -118,6 +119,36 @@ def test_flex_kernel_equals_sdpa_rows_forward():
         ref, _ = sequence_logprobs(model, ids, attn, P, 6, spans=SPANS)
         flex, _ = packed_logprobs(model, ids, P, SPANS, kernel="flex")
     assert torch.allclose(flex, ref, rtol=0, atol=4 * 64 * 40 * U32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["varlen", "flex"])
+def test_cuda_kernels_as_close_to_float64_as_padded(kernel):
+    """On CUDA in bf16, each packed kernel's log-probs and gradient against the float64 model (CPU),
+    next to the padded path's (transformers' SDPA with a mask): both round to bf16 at the same depth,
+    so the packed error is at most twice the padded one (as in the CPU bf16 test above)."""
+    if kernel == "varlen" and packed_attention.kernel_for("cuda") != "varlen":
+        pytest.skip("this torch has no torch.nn.attention.varlen")
+    model = model64(tied=True)
+    ids, attn, P = rows(seed=5)
+    mask = attn[:, P:].bool()
+    w = torch.randn(len(SPANS), ids.shape[1] - P, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    ref, _ = sequence_logprobs(model, ids, attn, P, 4, spans=SPANS)
+    (w * ref).sum().backward()
+    ref_grad = model.model.embed_tokens.weight.grad.clone()
+    model.zero_grad()
+    model.to("cuda", torch.bfloat16)
+    err = {}
+    for name in ("padded", "packed"):
+        model.zero_grad()
+        logp, _ = (packed_logprobs(model, ids.cuda(), P, SPANS, kernel=kernel) if name == "packed" else
+                   sequence_logprobs(model, ids.cuda(), attn.cuda(), P, 4, spans=SPANS))   # (B, T)
+        (w.cuda() * logp.double()).sum().backward()
+        grad = model.model.embed_tokens.weight.grad.double().cpu()
+        err[name] = ((logp.double().cpu() - ref)[mask].abs().max(), (grad - ref_grad).abs().max())
+    assert err["padded"][0] > 0  # bf16 really rounded
+    assert err["packed"][0] <= 2 * err["padded"][0]
+    assert err["packed"][1] <= 2 * err["padded"][1]
 
 
 def test_packed_budget_counts_real_tokens():
