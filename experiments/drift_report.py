@@ -29,12 +29,13 @@ CONTRASTS = (("clip", "noclip"), ("clip-upper", "noclip"), ("bandkl", "noclip"),
              ("bandkl", "clip-upper"), ("bandkl", "clip"), ("clip-higher", "clip"))
 
 
-def load(path):
-    """The lines of pairs.jsonl, or of a run directory's pairs.jsonl / seeds/*.jsonl."""
-    files = ([path] if os.path.isfile(path) else [os.path.join(path, "pairs.jsonl")]
-             if os.path.isfile(os.path.join(path, "pairs.jsonl")) else sorted(glob.glob(os.path.join(path, "seeds",
-                                                                                                  "*.jsonl"))))
-    return [json.loads(line) for f in files for line in open(f) if line.strip()]
+def load(path, below=None):
+    """The lines of pairs.jsonl, or of a run directory (its seeds/*.jsonl, written as the run goes, else its
+    pairs.jsonl), with step < `below` when given (a common prefix of branch points for every seed)."""
+    files = ([path] if os.path.isfile(path) else sorted(glob.glob(os.path.join(path, "seeds", "*.jsonl")))
+             or [os.path.join(path, "pairs.jsonl")])
+    rows = [json.loads(line) for f in files for line in open(f) if line.strip()]
+    return [r for r in rows if below is None or r["step"] < below]
 
 
 def branches(rows, arms):
@@ -262,8 +263,9 @@ def main(argv=None):
     ap.add_argument("--figure", default=os.path.join(ROOT, "figures", "drift-toy_anatomy.png"))
     ap.add_argument("--coin-runs", default=os.path.join(ROOT, "experiments", "results", "random-toy", "runs"),
                     help="GRPO coin runs (clip-*/metrics.jsonl) whose step-1 entropy sizes the collapse drift")
+    ap.add_argument("--below", type=int, help="read only the branch points at rollouts < N (a common prefix)")
     args = ap.parse_args(argv)
-    md, data, arms = report(load(args.pairs), args.coin_runs)
+    md, data, arms = report(load(args.pairs, args.below), args.coin_runs)
     os.makedirs(args.results, exist_ok=True)
     with open(os.path.join(args.results, "drift.md"), "w") as f:
         f.write(md)
