@@ -190,7 +190,11 @@ def test_small_run_and_resume(tmp_path):
            "--probe-prompts", "4", "--probe-samples", "2", "--out", str(tmp_path), "--branches", "2", "--",
            "--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", "2", "--max-new-tokens", "8",
            "--train-dtype", "float32", "--rollout-dtype", "float32"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # the module's process group (the fixture above) leaves its rendezvous variables in os.environ, and its store
+    # still holds that port: the command must pick its own, as a run from a shell does
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
     subprocess.run(cmd, check=True, cwd=ROOT, env=env, capture_output=True, timeout=600)
     first = [json.loads(x) for x in open(tmp_path / "pairs.jsonl")]
     assert [(r["step"], r["arm"]) for r in first] == [(0, "clip"), (0, "noclip"), (1, "clip"), (1, "noclip")]
