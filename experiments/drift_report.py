@@ -74,7 +74,8 @@ def label(m, half, sesoi=SESOI):
         return "no interval (one seed)"
     lo, hi = m - half, m + half
     if -sesoi <= lo and hi <= sesoi:
-        return "no effect of interest (within ±2.5e-4)"
+        side = " (below 0, but smaller)" if hi < 0 else " (above 0, but smaller)" if lo > 0 else ""
+        return f"no effect of interest (within ±2.5e-4){side}"
     return "below 0" if hi < 0 else "above 0" if lo > 0 else "unresolved"
 
 
