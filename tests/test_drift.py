@@ -209,3 +209,28 @@ def test_small_run_and_resume(tmp_path):
     again = [json.loads(x) for x in open(tmp_path / "pairs.jsonl")]
     assert again[:4] == first
     assert [(r["step"], r["arm"]) for r in again[4:]] == [(2, "clip"), (2, "noclip")]
+
+
+def test_report_reads_seed_means_by_hand(tmp_path):
+    """drift_report on hand-built lines: 3 seeds x 2 branch points; clip - no-clip dH_probe per branch point
+    (-1, -3), (-2, -2), (-4, -2) e-4 -> seed means -2, -2, -3: mean -2.333e-4, sd 0.577e-4, half 4.303 x 0.577 /
+    sqrt(3) = 1.434e-4: [-3.77, -0.90] e-4 lies below 0 and reaches past -2.5: "below 0". The collapse drift
+    from two GRPO runs whose step-1 entropies are 0.1 and 0.2: 0.9 x 0.15 / 300 = 4.5e-4."""
+    import drift_report
+    cells = [{"p": [0.0, 1.0], "adv": "+", "tokens": 1, "dlogp_sum": 0.0, "dH_sum": 0.0, "up": 0, "down": 0}]
+    rows = []
+    for seed, diffs in enumerate([(-1, -3), (-2, -2), (-4, -2)]):
+        for step, d in enumerate(diffs):
+            for arm, v in (("clip", d * 1e-4), ("noclip", 0.0)):
+                rows.append({"seed": seed, "step": step, "arm": arm, "dH_probe": v, "dH_probe_is": v, "dH_train": v,
+                             "kl": 0.0, "H_probe": 0.1, "n_upper": 0, "n_lower": 0, "cells": cells})
+    for i, h in enumerate((0.1, 0.2)):
+        os.makedirs(tmp_path / f"clip-s{i}")
+        (tmp_path / f"clip-s{i}" / "metrics.jsonl").write_text(json.dumps({"step": 1, "entropy": h}) + "\n")
+    md, data, arms = drift_report.report(rows, str(tmp_path))
+    assert "| clip − noclip | dH_probe | -2.33 ± 1.43 |" in md and "| below 0 |" in md
+    assert "c = 0.9 x 0.150 / 300 = 4.50e-4" in md
+    assert "**the clip drains the entropy**; no collapse-sized drain (lower end -3.77e-4 > -c = -4.50e-4)" in md
+    assert drift_report.label(0.5e-4, 1e-4) == "no effect of interest (within ±2.5e-4)"
+    assert drift_report.label(2e-4, 3e-4) == "unresolved" and drift_report.label(2e-4, 1e-4) == "above 0"
+    assert drift_report.label(-2e-4, 0.3e-4) == "no effect of interest (within ±2.5e-4) (below 0, but smaller)"
