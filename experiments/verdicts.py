@@ -24,8 +24,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from paired_stats import (EQUIV, FRACTION_MARGIN, RANDOM_WINDOWS, SUMMARY_WINDOWS, SUPPORT_RATIO,  # noqa: E402,F401
-                          T975, VERDICT_WINDOWS, WINDOWS, Diff, across, at_window, ci, drift_fraction,
+from paired_stats import (EQUIV, FRACTION_MARGIN, RANDOM_WINDOWS, SUMMARY_WINDOWS,  # noqa: E402,F401
+                          SUPPORT_RATIO, T975, VERDICT_WINDOWS, WINDOWS, Diff, across, at_window, ci, drift_fraction,
                           fraction_label, mean_std, mean_std_cell, paired, t975, t_interval, table_steps, weigh,
                           window_name, windows)
 
