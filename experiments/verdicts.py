@@ -188,7 +188,8 @@ def entropy_control(table):
         reading = "not testable in this regime" if acted is False else "no no-clip arm"
         why = "the clip barely acted" if acted is False else NO_CONTROL
         why += f"; and no no-clip arm: {NO_CONTROL}" if acted is False and not noclip else ""
-        text = "; ".join(f"{window_name(w, steps)}: final entropy GRPO {mean_std([x[f'entropy@{w}'] for x in clip])[0]:.3f}, "
+        grpo = lambda w: mean_std([x[f"entropy@{w}"] for x in clip])[0]  # noqa: E731
+        text = "; ".join(f"{window_name(w, steps)}: final entropy GRPO {grpo(w):.3f}, "
                          f"Band-KL minus GRPO {ci(paired(band, clip, f'entropy@{w}'))}" for w in ws)
         label = f"no no-clip arm: {why}" if reading == "no no-clip arm" else reading
         text = text if reading == "no no-clip arm" else f"{why}; {text}"
