@@ -173,7 +173,8 @@ def report(rows, coin_runs):
     all_rows = [b for s in data.values() for b in s.values()]
     H_probe = mean_std([b[arms[0]]["H_probe"] for b in all_rows])[0]
     steps = sorted({t for s in data.values() for t in s})
-    out = [f"# The clip per update: {K} seeds x {min(n_branch)}–{max(n_branch)} branch points (rollouts "
+    n_label = (f"{n_branch[0]}" if min(n_branch) == max(n_branch) else f"{min(n_branch)}–{max(n_branch)}")
+    out = [f"# The clip per update: {K} seeds x {n_label} branch points (rollouts "
            f"{steps[0]}–{steps[-1]})", "",
            f"Arms: {', '.join(arms)}. Units: seeds (a seed's reading is the mean over its branch points; a "
            f"difference is paired within each branch point first); intervals are 95% t on K - 1 = {K - 1} df "
