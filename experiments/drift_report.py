@@ -81,9 +81,10 @@ def label(m, half, sesoi=SESOI):
 
 def collapse_drift(coin_runs, horizon=300):
     """c = 0.9 H1 / horizon: the per-rollout drift that takes GRPO's entropy from its step-1 mean H1 (over the
-    committed GRPO coin runs, <coin_runs>/clip-*/metrics.jsonl) to a tenth in `horizon` rollouts. -> (c, H1, n)."""
+    committed GRPO coin runs, <coin_runs>/clip-d*/metrics.jsonl, one per seed) to a tenth in `horizon` rollouts.
+    -> (c, H1, n)."""
     h1 = []
-    for path in sorted(glob.glob(os.path.join(coin_runs, "clip-*", "metrics.jsonl"))):
+    for path in sorted(glob.glob(os.path.join(coin_runs, "clip-d*", "metrics.jsonl"))):
         first = next((json.loads(x) for x in open(path) if '"entropy"' in x), None)
         if first and first.get("step") == 1:
             h1.append(first["entropy"])
@@ -264,7 +265,7 @@ def main(argv=None):
                     help="directory of drift.md")
     ap.add_argument("--figure", default=os.path.join(ROOT, "figures", "drift-toy_anatomy.png"))
     ap.add_argument("--coin-runs", default=os.path.join(ROOT, "experiments", "results", "random-toy", "runs"),
-                    help="GRPO coin runs (clip-*/metrics.jsonl) whose step-1 entropy sizes the collapse drift")
+                    help="GRPO coin runs (clip-d*/metrics.jsonl) whose step-1 entropy sizes the collapse drift")
     ap.add_argument("--below", type=int, help="read only the branch points at rollouts < N (a common prefix)")
     args = ap.parse_args(argv)
     md, data, arms = report(load(args.pairs, args.below), args.coin_runs)

@@ -224,9 +224,10 @@ def test_report_reads_seed_means_by_hand(tmp_path):
             for arm, v in (("clip", d * 1e-4), ("noclip", 0.0)):
                 rows.append({"seed": seed, "step": step, "arm": arm, "dH_probe": v, "dH_probe_is": v, "dH_train": v,
                              "kl": 0.0, "H_probe": 0.1, "n_upper": 0, "n_lower": 0, "cells": cells})
-    for i, h in enumerate((0.1, 0.2)):
-        os.makedirs(tmp_path / f"clip-s{i}")
-        (tmp_path / f"clip-s{i}" / "metrics.jsonl").write_text(json.dumps({"step": 1, "entropy": h}) + "\n")
+    for i, h in enumerate((0.1, 0.2)):  # GRPO's runs, and a clip-higher run of the same seed that must not count
+        for name, entropy in ((f"clip-d0.05-s{i}", h), (f"clip-higher-d0.05-s{i}", 9.0)):
+            os.makedirs(tmp_path / name)
+            (tmp_path / name / "metrics.jsonl").write_text(json.dumps({"step": 1, "entropy": entropy}) + "\n")
     md, data, arms = drift_report.report(rows, str(tmp_path))
     assert "| clip − noclip | dH_probe | -2.33 ± 1.43 |" in md and "| below 0 |" in md
     assert "c = 0.9 x 0.150 / 300 = 4.50e-4" in md
