@@ -106,7 +106,7 @@ def main():
             print(f"{m:<8}" + "".join(f"{r[k]:>14.3f}" for k in SPLIT))
         rollout_sync = statistics.mean(r["time/rollout"] + r["time/sync"] for r in rows.values())
     res = band_overhead(args.reps)
-    (tc, bc), (tb, bb) = res["clip"], res["bandkl"]
+    (tc, _), (tb, bb) = res["clip"], res["bandkl"]
     print(f"\nTable 2: Band overhead on one fixed batch (1 process, median of {args.reps} interleaved reps)")
     print(f"{'method':<8}{'trainer-side s':>16}{'bounds ms':>12}")
     for m, (t, b) in res.items():

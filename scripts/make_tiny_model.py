@@ -28,7 +28,6 @@ steps, measured accuracy, build time), from which train.py picks the default tas
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
