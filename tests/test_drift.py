@@ -10,13 +10,11 @@ import dataclasses
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
@@ -27,17 +25,6 @@ from config import Config, resolve_config  # noqa: E402
 from logprobs import RolloutBatch, pack  # noqa: E402
 
 F64 = torch.finfo(torch.float64).eps  # float64 sums of at most a few hundred terms: 1e-12 relative is ample
-
-
-@pytest.fixture(scope="module")
-def group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,9 @@ Every check compares against the padded path (logprobs.sequence_logprobs, the re
 float64 model, finite differences or a brute-force plan, never the packed code against itself.
 Two ranks: tests/test_two_ranks.py (scenarios pack-budget, pack-kl-is, bf16-pack).
 """
-import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import logprobs
@@ -23,17 +20,6 @@ from machinery.precision import cpu_has_native_bf16
 U32, U64 = torch.finfo(torch.float32).eps / 2, torch.finfo(torch.float64).eps / 2
 # rows of very different lengths: (prompt, response) tokens, an empty response among them
 SPANS = [(7, 40), (1, 1), (3, 0), (2, 23), (6, 5), (4, 2)]
-
-
-@pytest.fixture(scope="module")
-def group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def rows(spans=SPANS, vocab=100, seed=0):

@@ -5,12 +5,9 @@ given separately computed old log-probs; the load-once FSDP2 build against from_
 against the rows each rank would train on.
 """
 import dataclasses
-import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 import grpo
@@ -21,17 +18,6 @@ import train
 from logprobs import RolloutBatch
 
 U32 = torch.finfo(torch.float32).eps / 2  # float32 unit roundoff
-
-
-@pytest.fixture(scope="module")
-def group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import policy
 import rollout
 import train
 from logprobs import RolloutBatch
-from test_policy import batch, group  # noqa: F401,F811  (group: the process group fixture)
+from test_policy import batch
 
 
 def test_weights_sent_after_a_no_grad_forward_are_the_fp32_master_weights(group):
