@@ -36,7 +36,6 @@ import sys
 import time
 
 import torch
-from torch.distributed.fsdp import FSDPModule
 from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,21 +78,12 @@ def _bounds_key(cfg):
 
 
 # --- snapshot and restore ------------------------------------------------------------------------
-def reshard(model):
-    """With one rank FSDP2 keeps the gathered weights after a forward (policy.build_model): the
-    module's parameters are then the unsharded copies, and weights written into the sharded ones
-    are not seen until the module is resharded. Resharding first makes both hold."""
-    if hasattr(policy, "reshard"):
-        return policy.reshard(model)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
-
-
 def snapshot(model, optimizer):
     """Copies of the weights, the AdamW state and the RNGs (the optimizer's own parameter objects:
-    the sharded ones it steps)."""
-    reshard(model)
+    the sharded ones it steps). One rank keeps the weights it gathered for the last forward
+    (policy.build_model); resharded, the parameters are the shards again, and weights written into
+    them (restore) are what the next forward gathers."""
+    policy.reshard(model)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     state = {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer.state[p].items()}
              for i, p in enumerate(params) if p in optimizer.state}
@@ -103,7 +93,7 @@ def snapshot(model, optimizer):
 @torch.no_grad()
 def restore(model, optimizer, snap):
     weights, state, torch_rng, py_rng = snap
-    reshard(model)
+    policy.reshard(model)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     for p, w in zip(params, weights):
         p.copy_(w)
@@ -113,7 +103,7 @@ def restore(model, optimizer, snap):
                                       for k, v in st.items()}
     torch.set_rng_state(torch_rng)
     random.setstate(py_rng)
-    reshard(model)
+    policy.reshard(model)
 
 
 @contextlib.contextmanager

@@ -99,7 +99,7 @@ def test_restore_is_seen_by_the_next_forward(setup, monkeypatch):
         model = policy.build_model(cfg, torch.device("cpu"))
         opt = policy.make_optimizer(model, cfg)
         if patched:
-            monkeypatch.setattr(drift, "reshard", lambda model: None)
+            monkeypatch.setattr(policy, "reshard", lambda model: None)
         old_logp, _ = policy.batch_logprobs(model, cfg, batch)
         snap = drift.snapshot(model, opt)
         drift.restore(model, opt, ([w * 0.5 for w in snap[0]], *snap[1:]))
