@@ -8,6 +8,7 @@ none of it BandPO's mathematics.
     hf_sampling.py     transformers' generate sampling as the paper does, with each sampled token's log-prob
     vllm_cpu_sleep.py  vLLM's sleep on a CPU (free the KV cache and the weights between rollouts)
     vllm_logging.py    a quiet vLLM console
+    jsonl.py           run outputs read plain or gzipped (committed results travel compressed)
 
 The concept files import what they need from here (`from machinery import verify_pool`); nothing here imports them.
 """

@@ -1,0 +1,35 @@
+"""Committed run outputs travel compressed: a reader opens `NAME.jsonl` or, where only that exists, `NAME.jsonl.gz`.
+
+A run writes plain `metrics.jsonl` / `pairs.jsonl` (appended line by line, resumable); what is committed under
+experiments/results/ is the same lines gzipped (scripts/compress_results.py), so the tree stays small enough to
+travel to a GPU machine. Every reader in the project goes through `jsonl_path` / `read_jsonl`.
+"""
+import gzip
+import json
+import os
+
+
+def jsonl_path(path):
+    """The file that holds `path`'s lines: `path` itself, else `path + '.gz'`; None where neither exists.
+
+    `path` may name either form; the plain file wins where both exist (a run resumed over a committed one appends
+    to the plain file)."""
+    plain = path[:-3] if path.endswith(".gz") else path
+    for p in (plain, plain + ".gz"):
+        if os.path.isfile(p):
+            return p
+    return None
+
+
+def open_jsonl(path):
+    """A text file object over `path`'s lines, plain or gzipped (FileNotFoundError naming `path` where neither)."""
+    found = jsonl_path(path)
+    if found is None:
+        raise FileNotFoundError(f"no {path} (nor {path}.gz)")
+    return gzip.open(found, "rt") if found.endswith(".gz") else open(found)
+
+
+def read_jsonl(path):
+    """Every non-blank line of `path` (plain or gzipped) as a dict."""
+    with open_jsonl(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
