@@ -17,12 +17,18 @@ import math
 import os
 import sys
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from machinery.jsonl import jsonl_path, open_jsonl, read_jsonl  # noqa: E402
 from verdicts import mean_std, t975  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SESOI = 2.5e-4      # the smallest effect of interest, nats per token per rollout
 BLOCK = 10          # branch points per block in the block-means check
+# the collapse-sized drift c = 0.9 H1 / 300, fixed: H1 = GRPO's mean step-1 entropy over its coin seeds 0-9, the
+# runs committed when the rule was written (collapse_drift computes it; later seeds do not move the yardstick)
+COLLAPSE_H1, COLLAPSE_RUNS = 0.157, 10
+COLLAPSE = 0.9 * COLLAPSE_H1 / 300
 READINGS = (("dH_probe", "entropy change on the probe"), ("dH_probe_is", "the same, importance-weighted"),
             ("dH_train", "entropy change on the rollout's tokens"), ("kl", "KL(old || new) on the probe"))
 CONTRASTS = (("clip", "noclip"), ("clip-upper", "noclip"), ("bandkl", "noclip"), ("clip-higher", "noclip"),
@@ -30,11 +36,11 @@ CONTRASTS = (("clip", "noclip"), ("clip-upper", "noclip"), ("bandkl", "noclip"),
 
 
 def load(path, below=None):
-    """The lines of pairs.jsonl, or of a run directory (its seeds/*.jsonl, written as the run goes, else its
-    pairs.jsonl), with step < `below` when given (a common prefix of branch points for every seed)."""
-    files = ([path] if os.path.isfile(path) else sorted(glob.glob(os.path.join(path, "seeds", "*.jsonl")))
+    """The lines of pairs.jsonl (or pairs.jsonl.gz), or of a run directory (its seeds/*.jsonl, written as the run
+    goes, else its pairs.jsonl or .gz), with step < `below` when given (a common prefix of branch points)."""
+    files = ([path] if jsonl_path(path) else sorted(glob.glob(os.path.join(path, "seeds", "*.jsonl")))
              or [os.path.join(path, "pairs.jsonl")])
-    rows = [json.loads(line) for f in files for line in open(f) if line.strip()]
+    rows = [r for f in files for r in read_jsonl(f)]
     return [r for r in rows if below is None or r["step"] < below]
 
 
@@ -81,11 +87,14 @@ def label(m, half, sesoi=SESOI):
 
 def collapse_drift(coin_runs, horizon=300):
     """c = 0.9 H1 / horizon: the per-rollout drift that takes GRPO's entropy from its step-1 mean H1 (over the
-    committed GRPO coin runs, <coin_runs>/clip-d*/metrics.jsonl, one per seed) to a tenth in `horizon` rollouts.
-    -> (c, H1, n)."""
+    committed GRPO coin runs, <coin_runs>/clip-d*/metrics.jsonl or .gz, one per seed) to a tenth in `horizon`
+    rollouts. -> (c, H1, n)."""
     h1 = []
-    for path in sorted(glob.glob(os.path.join(coin_runs, "clip-d*", "metrics.jsonl"))):
-        first = next((json.loads(x) for x in open(path) if '"entropy"' in x), None)
+    for run in sorted(glob.glob(os.path.join(coin_runs, "clip-d*", ""))):
+        if jsonl_path(os.path.join(run, "metrics.jsonl")) is None:
+            continue
+        with open_jsonl(os.path.join(run, "metrics.jsonl")) as f:
+            first = next((json.loads(x) for x in f if '"entropy"' in x), None)
         if first and first.get("step") == 1:
             h1.append(first["entropy"])
     if not h1:
@@ -165,12 +174,12 @@ def plot(data, arms, path, ref="noclip"):
     fig.savefig(path, dpi=120)
 
 
-def report(rows, coin_runs):
+def report(rows):
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     data = branches(rows, arms)
     K = len(data)
     n_branch = [len(s) for s in data.values()]
-    c, H1, n_h1 = collapse_drift(coin_runs)
+    c, H1, n_h1 = COLLAPSE, COLLAPSE_H1, COLLAPSE_RUNS
     all_rows = [b for s in data.values() for b in s.values()]
     H_probe = mean_std([b[arms[0]]["H_probe"] for b in all_rows])[0]
     steps = sorted({t for s in data.values() for t in s})
@@ -264,11 +273,9 @@ def main(argv=None):
     ap.add_argument("--results", default=os.path.join(ROOT, "experiments", "results", "drift-toy"),
                     help="directory of drift.md")
     ap.add_argument("--figure", default=os.path.join(ROOT, "figures", "drift-toy_anatomy.png"))
-    ap.add_argument("--coin-runs", default=os.path.join(ROOT, "experiments", "results", "random-toy", "runs"),
-                    help="GRPO coin runs (clip-d*/metrics.jsonl) whose step-1 entropy sizes the collapse drift")
     ap.add_argument("--below", type=int, help="read only the branch points at rollouts < N (a common prefix)")
     args = ap.parse_args(argv)
-    md, data, arms = report(load(args.pairs, args.below), args.coin_runs)
+    md, data, arms = report(load(args.pairs, args.below))
     os.makedirs(args.results, exist_ok=True)
     with open(os.path.join(args.results, "drift.md"), "w") as f:
         f.write(md)

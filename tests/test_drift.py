@@ -202,7 +202,11 @@ def test_report_reads_seed_means_by_hand(tmp_path):
     """drift_report on hand-built lines: 3 seeds x 2 branch points; clip - no-clip dH_probe per branch point
     (-1, -3), (-2, -2), (-4, -2) e-4 -> seed means -2, -2, -3: mean -2.333e-4, sd 0.577e-4, half 4.303 x 0.577 /
     sqrt(3) = 1.434e-4: [-3.77, -0.90] e-4 lies below 0 and reaches past -2.5: "below 0". The collapse drift
-    from two GRPO runs whose step-1 entropies are 0.1 and 0.2: 0.9 x 0.15 / 300 = 4.5e-4."""
+    from two GRPO runs whose step-1 entropies are 0.1 and 0.2 (one plain, one gzipped): 0.9 x 0.15 / 300 = 4.5e-4;
+    the report's yardstick is the fixed c = 0.9 x 0.157 / 300 = 4.71e-4. The lines read back from pairs.jsonl.gz
+    are the lines written."""
+    import gzip
+
     import drift_report
     cells = [{"p": [0.0, 1.0], "adv": "+", "tokens": 1, "dlogp_sum": 0.0, "dH_sum": 0.0, "up": 0, "down": 0}]
     rows = []
@@ -214,11 +218,21 @@ def test_report_reads_seed_means_by_hand(tmp_path):
     for i, h in enumerate((0.1, 0.2)):  # GRPO's runs, and a clip-higher run of the same seed that must not count
         for name, entropy in ((f"clip-d0.05-s{i}", h), (f"clip-higher-d0.05-s{i}", 9.0)):
             os.makedirs(tmp_path / name)
-            (tmp_path / name / "metrics.jsonl").write_text(json.dumps({"step": 1, "entropy": entropy}) + "\n")
-    md, data, arms = drift_report.report(rows, str(tmp_path))
+            line = json.dumps({"step": 1, "entropy": entropy}) + "\n"
+            if i:
+                with gzip.open(tmp_path / name / "metrics.jsonl.gz", "wt") as f:
+                    f.write(line)
+            else:
+                (tmp_path / name / "metrics.jsonl").write_text(line)
+    c, H1, n = drift_report.collapse_drift(str(tmp_path))
+    assert n == 2 and H1 == pytest.approx(0.15, rel=4 * F64) and c == pytest.approx(4.5e-4, rel=8 * F64)
+    with gzip.open(tmp_path / "pairs.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    assert drift_report.load(str(tmp_path / "pairs.jsonl.gz")) == rows
+    md, data, arms = drift_report.report(rows)
     assert "| clip − noclip | dH_probe | -2.33 ± 1.43 |" in md and "| below 0 |" in md
-    assert "c = 0.9 x 0.150 / 300 = 4.50e-4" in md
-    assert "**the clip drains the entropy**; no collapse-sized drain (lower end -3.77e-4 > -c = -4.50e-4)" in md
+    assert "c = 0.9 x 0.157 / 300 = 4.71e-4" in md
+    assert "**the clip drains the entropy**; no collapse-sized drain (lower end -3.77e-4 > -c = -4.71e-4)" in md
     assert drift_report.label(0.5e-4, 1e-4) == "no effect of interest (within ±2.5e-4)"
     assert drift_report.label(2e-4, 3e-4) == "unresolved" and drift_report.label(2e-4, 1e-4) == "above 0"
     assert drift_report.label(-2e-4, 0.3e-4) == "no effect of interest (within ±2.5e-4) (below 0, but smaller)"
