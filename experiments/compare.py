@@ -19,24 +19,28 @@ docs/results.md shows and discusses them.
 
 Everything after `--` goes to train.py unchanged (after `--reward`, so it wins), so the same script runs the real
 comparison on GPUs. Runs are resumable: a finished run is skipped, an interrupted one continues from its last
-checkpoint (train.py --resume), and a finished one is extended by a larger --max-steps. `--jobs 2 --nproc 1` trains
-two runs at once, each pinned to its own cores. On a GPU the jobs share it (`--jobs 9` on one H100).
+checkpoint (train.py --resume), and a finished one is extended by a larger --max-steps (a committed run, its lines
+gzipped and no checkpoint kept, gets its plain metrics.jsonl back and trains again from step 0). `--jobs 2 --nproc 1`
+trains two runs at once, each pinned to its own cores. On a GPU the jobs share it (`--jobs 9` on one H100).
 """
 
 import argparse
+import gzip
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), ROOT]
+from machinery.jsonl import jsonl_path, read_jsonl  # noqa: E402
 from verdicts import (DEFAULT_REWARD, ONE_SEED, SUMMARY_WINDOWS, WINDOWS, arm_name,  # noqa: E402
                       at_window, is_random, mean_std, mean_std_cell, one_seed_check, regime, verdict_windows, verdicts)
 from verdicts import entropy_control, random_control  # noqa: E402,F401 (re-exported)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CURVES = [("eval", "held-out accuracy (mean@n)"), ("entropy", "policy entropy (nats/token)"),
           ("clip/frac", "clipped token fraction"), ("clip/low_p_upper_rate", "upper-clip rate of p < 0.2 tokens")]
 
@@ -53,11 +57,29 @@ def configs(args):
 
 def finished(run_dir, max_steps):
     path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
+    if jsonl_path(path) is None:
         return False
-    with open(path) as f:
-        steps = [json.loads(line).get("step", 0) for line in f if line.strip()]
+    steps = [r.get("step", 0) for r in read_jsonl(path)]
     return bool(steps) and max(steps) >= max_steps
+
+
+def unpack_for_resume(run_dir):
+    """Give a committed run, whose lines travel as metrics.jsonl.gz, its plain metrics.jsonl back before train.py
+    resumes it: train.py keeps the lines up to its checkpoint and appends to the plain file, and the plain file
+    hides the .gz from every reader, so without this the steps before the resume would be lost. The .gz stays
+    (the committed copy) until scripts/compress_results.py replaces it with the longer run."""
+    plain = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.isfile(plain) or not os.path.isfile(plain + ".gz"):
+        return
+    with gzip.open(plain + ".gz", "rb") as src, open(plain + ".tmp", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.replace(plain + ".tmp", plain)
+
+
+def has_checkpoint(run_dir):
+    """machinery/checkpoint.latest_checkpoint's rule (a finished step_* folder), without importing torch here."""
+    root = os.path.join(run_dir, "checkpoints")
+    return os.path.isdir(root) and any(d.startswith("step_") and not d.endswith(".tmp") for d in os.listdir(root))
 
 
 def train_cmd(args, method, delta, seed, extra, port):
@@ -74,6 +96,9 @@ def train_cmd(args, method, delta, seed, extra, port):
         if args.reward and run_reward(run_dir) != args.reward:   # a resume keeps the run's own --reward
             sys.exit(f"compare.py: error: {run_dir} was trained with --reward {run_reward(run_dir)!r}, "
                      f"not {args.reward!r}; give it another --runs-dir")
+        unpack_for_resume(run_dir)
+        if not has_checkpoint(run_dir):   # a committed run carries none: train.py --resume starts at step 0
+            print(f"compare.py: {run_dir} has no checkpoint; train.py trains it again from step 0", flush=True)
         return cmd + ["--resume", run_dir, "--max-steps", str(args.max_steps)]
     return cmd + ["--method", method, "--delta", str(delta), "--seed", str(seed), "--max-steps", str(args.max_steps),
                   "--out-dir", run_dir, "--no-export-hf", *reward, *extra]
@@ -116,8 +141,7 @@ def train_all(args, runs, extra):
 
 
 def load_run(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     eval_key = next((k for r in rows for k in r if k.startswith("eval/") and "/mean@" in k), None)
     curves = {}
     for key, _ in CURVES:
@@ -143,8 +167,7 @@ def clip_counts(run_dir):
     upper bound, grpo._clip_metrics), of which p < 0.2 = clip/low_p_share_of_upper x upward clips; summed over
     steps and rounded to whole tokens. A count is None where config.json or a key is missing.
     """
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        steps = [r for r in map(json.loads, filter(str.strip, f)) if "clip/frac" in r]
+    steps = [r for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl")) if "clip/frac" in r]
     completions = None
     if os.path.isfile(os.path.join(run_dir, "config.json")):
         with open(os.path.join(run_dir, "config.json")) as f:

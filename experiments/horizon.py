@@ -33,7 +33,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import clip_counts, load_tables, plot_seeds, run_reward  # noqa: E402
+from compare import clip_counts, load_tables, plot_seeds, run_reward  # noqa: E402  (puts the root on sys.path)
+from machinery.jsonl import jsonl_path, read_jsonl  # noqa: E402
 from verdicts import (ONE_SEED, SUMMARY_WINDOWS, TESTABLE, arm_name, at_window, ci,  # noqa: E402
                       entropy_control, is_random, mean_std, mean_std_cell, one_seed_check, regime, t_interval,
                       verdict_windows, verdicts)
@@ -48,8 +49,7 @@ PANELS = [("entropy", "policy entropy (nats/token)"), ("mean@n", "held-out mean@
 
 def read_run(run_dir):
     """Per-step series of one run: {key: [(step, value)]}, with eval keys renamed to mean@n / pass@n."""
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))   # plain, or gzipped as committed
     series = {}
     for r in rows:
         for k, v in r.items():
@@ -360,11 +360,11 @@ def read_runs(runs_dir, seeds=""):
     seeds = {f"-s{s}" for s in seeds.split(",") if s}
     order = ["clip", "noclip", "clip-higher", "dcpo", "bandkl", "bandtv", "bandchi2"]   # baselines first
     method_of = lambda d: d.rsplit("-d", 1)[0]  # noqa: E731   compare.run_name: <method>-d<delta>-s<seed>
-    runs = sorted((d for d in os.listdir(runs_dir) if os.path.isfile(os.path.join(runs_dir, d, "metrics.jsonl"))
+    runs = sorted((d for d in os.listdir(runs_dir) if jsonl_path(os.path.join(runs_dir, d, "metrics.jsonl"))
                    and (not seeds or "-s" + d.rsplit("-s", 1)[1] in seeds)),
                   key=lambda d: (order.index(method_of(d)) if method_of(d) in order else len(order), d))
     if not runs:
-        sys.exit(f"horizon.py: error: no run with a metrics.jsonl under {runs_dir!r}")
+        sys.exit(f"horizon.py: error: no run with a metrics.jsonl(.gz) under {runs_dir!r}")
     series_by_config, seeds_by_config, rows_by_config = {}, {}, {}
     for name in runs:
         head, seed = name.rsplit("-s", 1)

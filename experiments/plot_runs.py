@@ -12,7 +12,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from horizon import BINS, read_run  # noqa: E402
+from horizon import BINS, read_run  # noqa: E402  (reads metrics.jsonl or metrics.jsonl.gz)
+from machinery.jsonl import jsonl_path  # noqa: E402
 
 CURVES = [("mean@n", "held-out accuracy (mean@n)"), ("reward/mean", "training reward"),
           ("entropy", "policy entropy (nats/token)"), ("clip/frac", "clipped token fraction (dashed: upper)"),
@@ -58,13 +59,13 @@ def _mean(points):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
+    p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl or .gz)")
     p.add_argument("--out", default=None, help="PNG path (default: <first run>/curves.png)")
     p.add_argument("--title", default=None, help="figure title (default: the runs' names)")
     args = p.parse_args()
     for run in args.runs:
-        if not os.path.isfile(os.path.join(run, "metrics.jsonl")):
-            sys.exit(f"plot_runs.py: error: {run!r} has no metrics.jsonl")
+        if jsonl_path(os.path.join(run, "metrics.jsonl")) is None:
+            sys.exit(f"plot_runs.py: error: {run!r} has no metrics.jsonl (nor metrics.jsonl.gz)")
     series = {os.path.basename(os.path.normpath(run)): read_run(run) for run in args.runs}
     out = args.out or os.path.join(args.runs[0], "curves.png")
     plot(series, out, args.title or ", ".join(series))

@@ -2,7 +2,8 @@
 
 A run writes plain `metrics.jsonl` / `pairs.jsonl` (appended line by line, resumable); what is committed under
 experiments/results/ is the same lines gzipped (scripts/compress_results.py), so the tree stays small enough to
-travel to a GPU machine. Every reader in the project goes through `jsonl_path` / `read_jsonl`.
+travel to a GPU machine. Every reader of a run that may be committed goes through `jsonl_path` / `read_jsonl`; a
+benchmark or test that reads the run it has just written opens the plain file.
 """
 import gzip
 import json

@@ -1,4 +1,4 @@
-"""Are two runs the same? Compares two metrics.jsonl files line by line, timings aside.
+"""Are two runs the same? Compares two metrics.jsonl files (or .jsonl.gz) line by line, timings aside.
 
 A change that should not change what a run computes (a refactor, a reflow) is checked by running the
 same command at both commits with the same seed and comparing the runs' metrics here: every value
@@ -9,21 +9,25 @@ need not be.
 
     python scripts/same_metrics.py runs/a/metrics.jsonl runs/b/metrics.jsonl
     python scripts/same_metrics.py runs/a runs/b          # run directories: their metrics.jsonl
+    python scripts/same_metrics.py runs/a experiments/results/demo-real   # a committed run, gzipped
 """
 import argparse
 import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from machinery.jsonl import read_jsonl  # noqa: E402
+
 TIMINGS = ("time/", "memory/", "tokens_per_s")
 MISSING = "<missing>"
 
 
 def load(path):
+    """The lines of a metrics file or of a run directory's, plain or gzipped (NAME.jsonl.gz)."""
     if os.path.isdir(path):  # a run directory
         path = os.path.join(path, "metrics.jsonl")
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(path)
 
 
 def compare(a, b):
