@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import reward  # noqa: E402
-import verify_pool  # noqa: E402
+from machinery import verify_pool  # noqa: E402
 
 FILLER = ("We expand $(a+b)^2 = a^2 + 2ab + b^2$ and use $\\frac{x}{y}$ with $y \\neq 0$, so the sum over "
           "$\\{1, \\dots, n\\}$ is $\\frac{n(n+1)}{2}$. Checking the case $n = 3$ again gives the same value. ") * 8
