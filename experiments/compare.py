@@ -19,9 +19,10 @@ docs/results.md shows and discusses them.
 
 Everything after `--` goes to train.py unchanged (after `--reward`, so it wins), so the same script runs the real
 comparison on GPUs. Runs are resumable: a finished run is skipped, an interrupted one continues from its last
-checkpoint (train.py --resume), and a finished one is extended by a larger --max-steps (a committed run, its lines
-gzipped and no checkpoint kept, gets its plain metrics.jsonl back and trains again from step 0). `--jobs 2 --nproc 1`
-trains two runs at once, each pinned to its own cores. On a GPU the jobs share it (`--jobs 9` on one H100).
+checkpoint (train.py --resume), and a finished one is extended by a larger --max-steps (a run whose lines were
+gzipped first gets its plain metrics.jsonl back; a committed run keeps no checkpoint, so it trains again from step 0).
+`--jobs 2 --nproc 1` trains two runs at once, each pinned to its own cores. On a GPU the jobs share it (`--jobs 9` on
+one H100).
 """
 
 import argparse
@@ -64,10 +65,10 @@ def finished(run_dir, max_steps):
 
 
 def unpack_for_resume(run_dir):
-    """Give a committed run, whose lines travel as metrics.jsonl.gz, its plain metrics.jsonl back before train.py
-    resumes it: train.py keeps the lines up to its checkpoint and appends to the plain file, and the plain file
-    hides the .gz from every reader, so without this the steps before the resume would be lost. The .gz stays
-    (the committed copy) until scripts/compress_results.py replaces it with the longer run."""
+    """Give a run whose lines were gzipped (scripts/compress_results.py) its plain metrics.jsonl back before
+    train.py resumes it from a checkpoint: train.py keeps the lines up to the checkpoint and appends to the plain
+    file, which hides the .gz from every reader, so without this the steps before the checkpoint would be lost. The
+    .gz stays (the committed copy) until compress_results.py replaces it with the longer run."""
     plain = os.path.join(run_dir, "metrics.jsonl")
     if os.path.isfile(plain) or not os.path.isfile(plain + ".gz"):
         return
@@ -96,8 +97,9 @@ def train_cmd(args, method, delta, seed, extra, port):
         if args.reward and run_reward(run_dir) != args.reward:   # a resume keeps the run's own --reward
             sys.exit(f"compare.py: error: {run_dir} was trained with --reward {run_reward(run_dir)!r}, "
                      f"not {args.reward!r}; give it another --runs-dir")
-        unpack_for_resume(run_dir)
-        if not has_checkpoint(run_dir):   # a committed run carries none: train.py --resume starts at step 0
+        if has_checkpoint(run_dir):
+            unpack_for_resume(run_dir)
+        else:   # a committed run carries none: train.py starts at step 0 in a new metrics.jsonl, which hides the .gz
             print(f"compare.py: {run_dir} has no checkpoint; train.py trains it again from step 0", flush=True)
         return cmd + ["--resume", run_dir, "--max-steps", str(args.max_steps)]
     return cmd + ["--method", method, "--delta", str(delta), "--seed", str(seed), "--max-steps", str(args.max_steps),

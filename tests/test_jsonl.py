@@ -105,7 +105,7 @@ def test_compress_cli_leaves_an_unfinished_run(tmp_path, monkeypatch, capsys):
 
 
 def test_extending_a_committed_run_keeps_its_steps(tmp_path, capsys):
-    """compare.py extends a committed run (lines gzipped) with train.py --resume. train.py keeps the lines up to its
+    """compare.py extends a run whose lines were gzipped with train.py --resume. train.py keeps the lines up to its
     checkpoint and appends to a plain metrics.jsonl, which hides the .gz: compare.py first gives the run its plain
     file back, so steps 0..4 stay beside the new 5..6. Without that (the control) only 5..6 would be left."""
     import train
@@ -135,9 +135,12 @@ def test_a_committed_run_without_a_checkpoint_is_said_to_train_again(tmp_path, c
     class A:
         runs_dir, max_steps, nproc, reward = str(tmp_path), 6, 1, None
 
-    _run(tmp_path / "clip-d0.05-s0", 4, gz=True)
-    assert compare.train_cmd(A, "clip", 0.05, 0, [], port=29601)[-3] == str(tmp_path / "clip-d0.05-s0")
+    run = tmp_path / "clip-d0.05-s0"
+    _run(run, 4, gz=True)
+    assert compare.train_cmd(A, "clip", 0.05, 0, [], port=29601)[-3] == str(run)
     assert "has no checkpoint; train.py trains it again from step 0" in capsys.readouterr().out
+    # no plain file: train.py writes a new one from step 0 (keeping none of the old lines), the .gz stays until then
+    assert sorted(os.listdir(run)) == ["config.json", "metrics.jsonl.gz"]
 
 
 def test_committed_table_reissues_from_the_compressed_runs(tmp_path):
