@@ -14,13 +14,18 @@ bin x advantage sign). Then the base trajectory advances by its own method's arm
 Checks built in: every arm's first mini-batch ratio is exactly 1 (the restore worked; the old
 log-probs are one no-grad pass over all rows), and at each seed's first branch point the first arm is
 run twice and must give the same readings bit for bit. Arms: any band.BOUNDS method (its published
-eps, --delta for the bands), plus `clip-upper` (the clip's upper side alone: lower bound 0, as no-clip)
-and `clip-lower` (its lower side alone: upper bound --max-ratio, as no-clip).
+eps, --delta for the bands), `clip-upper` (the clip's upper side alone: lower bound 0, as no-clip),
+`clip-lower` (its lower side alone: upper bound --max-ratio, as no-clip), `noclip-matched` (no clip at
+learning rate x --matched-lr: AdamW's step scales with lr, so it takes a step as large as the clip's,
+in KL, without the clip's per-token shape) and `noclip@F` (no clip at lr x F, the pilot that sets F).
+Config flags this script cannot honour (--kl-coef > 0, --old-logp engine, ... `REFUSED`) are refused.
 
     python experiments/drift.py --seeds 0,1 --branches 60 --out runs/drift-toy \\
         -- --lr 1e-4 --mini-batch-prompts 2 --train-dtype float32     # flags after -- go to Config
     python experiments/drift.py --resume --seeds 0,1 --branches 60 --out runs/drift-toy   # continue
     python experiments/drift.py --analyse runs/drift-toy   # drift_report.py: drift.md and the figure
+    python experiments/drift.py --out runs/drift-toy --branches 60 \
+        --merge-into experiments/results/drift-toy/pairs.jsonl.gz   # finished seeds into the committed file
 
 Departures from train.py: the HF engine by default (its generate is cheap on the tiny model and
 needs no vLLM start), no evaluation, one checkpoint per branch point (for --resume).
@@ -50,18 +55,54 @@ from config import method_defaults, parse_config, resolve_config  # noqa: E402
 from logprobs import pack  # noqa: E402
 from machinery.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint  # noqa: E402
 
-ARMS = ("clip", "noclip", "bandkl", "clip-upper", "clip-higher")  # the protocol's arms
+ARMS = ("clip", "noclip", "bandkl", "clip-upper", "clip-higher", "clip-lower",
+        "noclip-matched")  # the protocol's arms
+MATCHED_LR = 0.75  # noclip-matched's lr factor f, fixed from a pilot (experiments/results/drift-toy/plan.md)
 PROBE_SEED_OFFSET = 1 << 41  # probe sampling seeds never meet a rollout's or an evaluation's (1 << 40)
 P_EDGES = (0.0, 0.05, 0.2, 0.5, 0.8, 1.0)  # anatomy bins of the old probability; last one closed
 SIGNS = ("+", "-", "0")  # advantage sign of a token's response
 TRAIN_DEFAULTS = ["--method", "clip", "--reward", "random", "--rollout", "hf", "--eval-every", "0",
                   "--no-export-hf", "--save-every", "0"]  # before the user's flags, which win
+# Config fields this script does not honour: set to anything but the value it runs with (TRAIN_DEFAULTS
+# over Config's defaults), the flag is refused before a model or an engine starts. Every other field is
+# read as train.py reads it (tests/test_drift.py checks that the two lists cover Config).
+REFUSED = {
+    "kl_coef": "no reference model is built: every arm is the policy loss alone",
+    "old_logp": "π_old is the trainer's no-grad pass over all rows (the restore check reads its ratio 1)",
+    "eps_low": "each arm takes its method's published eps (clip-upper / clip-lower set one side)",
+    "eps_high": "each arm takes its method's published eps (clip-upper / clip-lower set one side)",
+    "max_steps": "the trajectory is --branches x --every rollouts",
+    "seed": "the trajectories are --seeds",
+    "out_dir": "the run directory is --out",
+    "resume": "drift.py's own --resume continues a run",
+    "eval_every": "no evaluation runs", "eval_n": "no evaluation runs", "eval_prompts": "no evaluation runs",
+    "save_every": "a checkpoint is written at every branch point",
+    "keep_checkpoints": "one checkpoint per seed is kept", "export_hf": "no model is exported",
+    "wandb": "no wandb logging", "verbose": "the engine's logs are not configured here",
+    "gpu_memory_utilization": "the engine is built without it",
+}
+HONOURED = ("method", "delta", "max_ratio", "clip_c", "agg", "norm_by_std", "kl_kind", "rollout_is",
+            "rollout_is_max", "rollout_is_min", "model", "data", "eval_data", "reward", "reward_correct",
+            "reward_incorrect", "prompts_per_step", "group_size", "mini_batch_prompts", "micro_batch_size",
+            "micro_batch_tokens", "pack", "max_prompt_len", "max_new_tokens", "temperature", "top_p", "lr",
+            "weight_decay", "grad_clip", "grad_checkpointing", "share_prompt", "train_dtype", "rollout",
+            "rollout_dtype")  # kl_kind acts only with --kl-coef > 0, refused: inert, as in train.py
+
+
+def refused_flag(rest):
+    """The first flag among `rest` (train.py's) that this script would silently ignore, as
+    '--name value', else None."""
+    ours, base = parse_config(TRAIN_DEFAULTS + rest), parse_config(TRAIN_DEFAULTS)
+    for name in REFUSED:
+        if getattr(ours, name) != getattr(base, name):
+            return f"--{name.replace('_', '-')} {getattr(ours, name)}"
+    return None
 
 
 # --- arms ------------------------------------------------------------------------------------------
-def arm_config(cfg, arm):
+def arm_config(cfg, arm, matched_lr=MATCHED_LR):
     """The Config an arm trains with: a band.BOUNDS method with its published eps (the base's
-    --delta and --max-ratio), or one side of the clip alone."""
+    --delta and --max-ratio), one side of the clip alone, or no clip at a smaller learning rate."""
     if arm in band.BOUNDS:
         return method_defaults(dataclasses.replace(cfg, method=arm, eps_low=None, eps_high=None))
     clip = method_defaults(dataclasses.replace(cfg, method="clip", eps_low=None, eps_high=None))
@@ -69,12 +110,24 @@ def arm_config(cfg, arm):
         return dataclasses.replace(clip, eps_low=1.0)
     if arm == "clip-lower":  # upper bound 1 + (max_ratio - 1), capped at max_ratio: no-clip's
         return dataclasses.replace(clip, eps_high=cfg.max_ratio - 1)
+    if arm == "noclip-matched" or arm.startswith("noclip@"):
+        f = matched_lr if arm == "noclip-matched" else float(arm[len("noclip@"):])
+        if not 0 < f <= 1:
+            raise ValueError(f"arm {arm!r}: the lr factor must be in (0, 1], got {f}")
+        return dataclasses.replace(arm_config(cfg, "noclip"), lr=cfg.lr * f)
     raise ValueError(f"unknown arm {arm!r}; valid: {', '.join(sorted(band.BOUNDS))}, clip-upper, "
-                     f"clip-lower")
+                     f"clip-lower, noclip-matched, noclip@F")
 
 
 def _bounds_key(cfg):
-    return (cfg.method, cfg.eps_low, cfg.eps_high, cfg.delta, cfg.max_ratio, cfg.clip_c)
+    return (cfg.method, cfg.eps_low, cfg.eps_high, cfg.delta, cfg.max_ratio, cfg.clip_c, cfg.lr)
+
+
+def _set_lr(optimizer, lr):
+    """AdamW's step is lr x (its moment ratio): the lr of an arm is set on the optimizer it steps
+    (make_optimizer read the base's once); the snapshot does not hold it."""
+    for g in optimizer.param_groups:
+        g["lr"] = lr
 
 
 # --- snapshot and restore ------------------------------------------------------------------------
@@ -230,30 +283,34 @@ def arm_update(model, optimizer, cfg, batch, advantages, old_logp, old_ent, prob
     return out
 
 
-def branch(model, optimizer, cfg, arms, batch, advantages, probe, repeat_first=False):
+def branch(model, optimizer, cfg, arms, batch, advantages, probe, repeat_first=False,
+           matched_lr=MATCHED_LR):
     """Every arm from the same state on the same rollout; the model ends on the base's update (its
     own arm, run last, or a separate one). -> [readings per arm]."""
     old_logp, old_ent = policy.batch_logprobs(model, cfg, batch, with_entropy=True)  # (B, T) all rows
     probe_old = probe_logq(model, probe, cfg)
     snap = snapshot(model, optimizer)
     base = _bounds_key(cfg)
-    order = sorted(range(len(arms)), key=lambda i: _bounds_key(arm_config(cfg, arms[i])) == base)
+    configs = [arm_config(cfg, a, matched_lr) for a in arms]
+    order = sorted(range(len(arms)), key=lambda i: _bounds_key(configs[i]) == base)
     runs = ([0] if repeat_first else []) + order
     out = [None] * len(arms)
     for j, i in enumerate(runs):
         restore(model, optimizer, snap)
-        acfg = arm_config(cfg, arms[i])
+        acfg = configs[i]
+        _set_lr(optimizer, acfg.lr)
         r = arm_update(model, optimizer, acfg, batch, advantages, old_logp, old_ent, probe,
                        probe_old)
         r.update(arm=arms[i], method=acfg.method, eps_low=acfg.eps_low, eps_high=acfg.eps_high,
-                 delta=acfg.delta)
+                 delta=acfg.delta, lr=acfg.lr)
         if repeat_first and j == 0:
             first = r
         elif out[i] is None:
             out[i] = r
         if repeat_first and j > 0 and i == 0 and r != first:
             raise RuntimeError(f"arm {arms[0]} run twice from the same state gave different readings")
-    if _bounds_key(arm_config(cfg, arms[order[-1]])) != base:
+    _set_lr(optimizer, cfg.lr)
+    if _bounds_key(configs[order[-1]]) != base:
         restore(model, optimizer, snap)
         base_update(model, optimizer, cfg, batch, advantages)
     return out
@@ -315,7 +372,7 @@ def run_seed(args, cfg, engine, tokenizer, device, bar):
                                         seed=PROBE_SEED_OFFSET + cfg.seed * 1_000_003 + step)
             probe = pack(ids, engine.generate(ids, args.probe_samples, sampling), device)
             rows = branch(model, optimizer, cfg, args.arms, batch, advantages, probe,
-                          repeat_first=step == 0 or args.check_all)
+                          repeat_first=step == 0 or args.check_all, matched_lr=args.matched_lr)
             with open(pairs_file, "a") as f:
                 for r in rows:
                     f.write(json.dumps({"seed": cfg.seed, "step": step, **r,
@@ -342,8 +399,55 @@ def merge(out):
     return len(rows)
 
 
+def _same_reading(kept, new):
+    """A committed line and a new one of the same (seed, step, arm) agree on every reading the
+    committed one holds (not its times; a newer drift.py may add keys)."""
+    return all(k in new and new[k] == v for k, v in kept.items() if k not in ("time_s", "cpu_s"))
+
+
+def merge_into(out, target, branches, every):
+    """Add <out>'s whole seeds (every branch point 0, every, ..., of `branches`, each with the arms of
+    its first) to `target` (pairs.jsonl.gz, written gzip -n, byte-stable), atomically. A line
+    already there for the same (seed, step, arm) must hold the same readings (a re-run base
+    trajectory reproduces the committed one); where one differs the seed is not merged.
+    -> (seeds merged, lines added, [(seed, why) not merged])."""
+    import gzip
+    import io
+    from machinery.jsonl import jsonl_path, read_jsonl
+    have = read_jsonl(target) if jsonl_path(target) else []
+    index = {(r["seed"], r["step"], r["arm"]): r for r in have}
+    want = set(range(0, branches * every, every))
+    merged, added, skipped = [], [], []
+    for name in sorted(os.listdir(os.path.join(out, "seeds"))):
+        rows = read_pairs(os.path.join(out, "seeds", name)) if name.endswith(".jsonl") else []
+        if not rows:
+            continue
+        seed, arms = rows[0]["seed"], [r["arm"] for r in rows if r["step"] == rows[0]["step"]]
+        got = {(r["step"], r["arm"]) for r in rows}
+        if {t for t, _ in got} != want or len(got) != len(want) * len(arms):
+            skipped.append((seed, f"{len(got)} of {len(want) * len(arms)} lines: not finished"))
+            continue
+        clash = [k for r in rows if (k := (seed, r["step"], r["arm"])) in index
+                 and not _same_reading(index[k], r)]
+        if clash:
+            skipped.append((seed, f"{len(clash)} lines differ from the committed ones, first {clash[0]}"))
+            continue
+        new = [r for r in rows if (seed, r["step"], r["arm"]) not in index]
+        merged.append(seed)
+        added += new
+    rows = sorted(have + added, key=lambda r: (r["seed"], r["step"]))  # stable: arms keep their order
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=buf, mtime=0) as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows).encode())
+    tmp = target + f".{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(buf.getvalue())
+    os.replace(tmp, target)
+    return merged, len(added), skipped
+
+
 KEYS = """pairs.jsonl, one line per (seed, branch point, arm): seed; step (train.py's 0-based rollout index);
-arm, method, eps_low, eps_high, delta; dH_probe, dH_probe_is (entropy change per probe token, plain and
+arm, method, eps_low, eps_high, delta, lr; dH_probe, dH_probe_is (entropy change per probe token, plain and
 importance-weighted), kl (KL(old || new) per probe token), H_probe, ess (the weights' effective sample share);
 dH_train, dlogp_train, H_train (on the rollout's tokens); tokens, n_upper, n_lower (the update's clips),
 first_abs_dev (0: the restore check); cells (per old-probability bin x advantage sign: p, adv, tokens,
@@ -364,14 +468,18 @@ def parse_args(argv=None):
     ap.add_argument("--seeds", default="0", help="base trajectories, comma-separated (the units)")
     ap.add_argument("--branches", type=int, default=60, help="branch points per trajectory")
     ap.add_argument("--every", type=int, default=1, help="rollouts from one branch point to the next")
-    ap.add_argument("--arms", default=",".join(ARMS),
-                    help="band.BOUNDS methods, clip-upper, clip-lower (comma-separated)")
+    ap.add_argument("--arms", default=",".join(ARMS), help="band.BOUNDS methods, clip-upper, "
+                    "clip-lower, noclip-matched, noclip@F (comma-separated)")
+    ap.add_argument("--matched-lr", type=float, default=MATCHED_LR,
+                    help="noclip-matched's learning-rate factor f (the plan's)")
     ap.add_argument("--probe-prompts", type=int, default=64, help="held-out prompts per probe")
     ap.add_argument("--probe-samples", type=int, default=4, help="samples per probe prompt")
     ap.add_argument("--check-all", action="store_true",
                     help="run the first arm twice at every branch point, not only the first")
     ap.add_argument("--out", default="runs/drift", help="run directory: pairs.jsonl, seeds/, s<seed>/")
     ap.add_argument("--resume", action="store_true", help="skip finished (seed, step), continue")
+    ap.add_argument("--merge-into", metavar="PAIRS_GZ", help="add --out's finished seeds (all --branches "
+                    "branch points) to this pairs.jsonl.gz, and train nothing")
     ap.add_argument("--analyse", metavar="PAIRS", help="write the report of a pairs.jsonl (or run "
                     "directory) with drift_report.py, and train nothing")
     args = ap.parse_args(ours)
@@ -385,9 +493,18 @@ def main(argv=None):
     if args.analyse:
         import drift_report
         return drift_report.main([args.analyse] + rest)
+    if args.merge_into:
+        seeds, n, skipped = merge_into(args.out, args.merge_into, args.branches, args.every)
+        print(f"{args.merge_into}: {n} lines added from seeds {seeds}; not merged: {skipped or 'none'}")
+        return
+    refused = refused_flag(rest)
+    if refused:  # one line, before a model or an engine starts
+        name = refused.split()[0][2:].replace("-", "_")
+        print(f"drift.py: {refused} is not honoured here ({REFUSED[name]}); drop it", file=sys.stderr)
+        sys.exit(2)
     cfg = resolve_config(parse_config(TRAIN_DEFAULTS + rest))
     for arm in args.arms:
-        arm_config(cfg, arm)  # unknown arms fail before anything starts
+        arm_config(cfg, arm, args.matched_lr)  # unknown arms fail before anything starts
     policy.check_batch_shape(cfg, 1)
     os.makedirs(args.out, exist_ok=True)
     import transformers

@@ -1,13 +1,15 @@
 """The report of experiments/drift.py: per-arm readings, arm differences paired by seed, the token anatomy.
 
-Reads pairs.jsonl (one line per seed, branch point and arm) and writes drift.md and the anatomy figure, with
-the rules written in docs/results.md before the readings were seen: the seeds are the units (a seed's reading
-is the mean over its branch points; an arm difference is paired within each branch point first), intervals are
-95% t on K - 1 df over the K seed means (block means of BLOCK consecutive branch points as a check), the
-smallest effect of interest is ±SESOI nats per rollout, and "no collapse-sized drain" compares the interval's
-lower end with the per-rollout drift that takes GRPO's entropy to a tenth in 300 rollouts (`collapse_drift`).
+Reads pairs.jsonl or pairs.jsonl.gz (one line per seed, branch point and arm) and writes drift.md and the anatomy
+figure with the rules of experiments/results/drift-toy/plan.md, fixed before the replication's data: the seeds are
+the units (a seed's reading is the mean over its branch points of a contrast paired within each branch point, so
+the interval carries the clustering of branch points by seed), a family of FAMILY contrasts on dH_probe read
+through Bonferroni t intervals at LEVEL (1 - 0.05 / 8) on K - 1 df, each against 0 and its equivalence margin
+(SESOI, the interaction's INTERACTION_MARGIN), the collapse yardstick c fixed (COLLAPSE). Everything else
+(dH_probe_is with its effective sample size and a sign interval for the median, dH_train, the other differences,
+the anatomy) is labelled exploratory, at 95%.
 
-    python experiments/drift.py --analyse runs/drift-toy        # or: python experiments/drift_report.py PAIRS
+    python experiments/drift.py --analyse experiments/results/drift-toy/pairs.jsonl.gz   # or drift_report.py PAIRS
 """
 
 import argparse
@@ -21,18 +23,95 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from machinery.jsonl import jsonl_path, open_jsonl, read_jsonl  # noqa: E402
-from verdicts import mean_std, t975  # noqa: E402
+from verdicts import mean_std  # noqa: E402
 
-SESOI = 2.5e-4      # the smallest effect of interest, nats per token per rollout
-BLOCK = 10          # branch points per block in the block-means check
+SESOI = 2.5e-4               # the smallest effect of interest, nats per token per rollout
+INTERACTION_MARGIN = 1.25e-4  # "the two sides add": non-additivity under half the SESOI
 # the collapse-sized drift c = 0.9 H1 / 300, fixed: H1 = GRPO's mean step-1 entropy over its coin seeds 0-9, the
 # runs committed when the rule was written (collapse_drift computes it; later seeds do not move the yardstick)
 COLLAPSE_H1, COLLAPSE_RUNS = 0.157, 10
 COLLAPSE = 0.9 * COLLAPSE_H1 / 300
+CONFIRM_K = 32               # the plan's seeds: below it every reading is interim
+KL_MATCH = (0.8, 1.25)       # noclip-matched's KL / clip's (ratio of seed means): outside, brake and step not read
+# the confirmatory family on dH_probe: name, weights per arm, equivalence margin
+FAMILY = (("clip − noclip", {"clip": 1, "noclip": -1}, SESOI),
+          ("upper side: clip-upper − noclip", {"clip-upper": 1, "noclip": -1}, SESOI),
+          ("lower side: clip-lower − noclip", {"clip-lower": 1, "noclip": -1}, SESOI),
+          ("interaction: clip − clip-upper − clip-lower + noclip",
+           {"clip": 1, "clip-upper": -1, "clip-lower": -1, "noclip": 1}, INTERACTION_MARGIN),
+          ("brake: clip − noclip-matched", {"clip": 1, "noclip-matched": -1}, SESOI),
+          ("step: noclip-matched − noclip", {"noclip-matched": 1, "noclip": -1}, SESOI),
+          ("bandkl − clip-upper", {"bandkl": 1, "clip-upper": -1}, SESOI),
+          ("bandkl − noclip", {"bandkl": 1, "noclip": -1}, SESOI))
+LEVEL = 1 - 0.05 / len(FAMILY)  # Bonferroni over the family: 99.375%, two-sided
+EXPLORATORY = (("clip-higher − noclip", {"clip-higher": 1, "noclip": -1}, SESOI),
+               ("clip-higher − clip", {"clip-higher": 1, "clip": -1}, SESOI),
+               ("bandkl − clip", {"bandkl": 1, "clip": -1}, SESOI))
 READINGS = (("dH_probe", "entropy change on the probe"), ("dH_probe_is", "the same, importance-weighted"),
             ("dH_train", "entropy change on the rollout's tokens"), ("kl", "KL(old || new) on the probe"))
-CONTRASTS = (("clip", "noclip"), ("clip-upper", "noclip"), ("bandkl", "noclip"), ("clip-higher", "noclip"),
-             ("bandkl", "clip-upper"), ("bandkl", "clip"), ("clip-higher", "clip"))
+
+
+# --- statistics: t quantiles at any level, the sign interval of a median, power ------------------------------------
+def t_cdf(x, df):
+    """Student's t CDF by Simpson's rule on the density over [0, |x|] (2,000 panels: the integrand is smooth and
+    its fourth derivative bounded, error well under 1e-9 for the quantiles used here)."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    f = lambda t: c * (1 + t * t / df) ** (-(df + 1) / 2)  # noqa: E731
+    n, a = 2000, abs(x)
+    h = a / n
+    area = h / 3 * (f(0) + f(a) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, n)))
+    return 0.5 + math.copysign(area, x)
+
+
+def t_quantile(p, df):
+    """The p quantile of Student's t on df degrees of freedom (bisection on t_cdf, to 1e-9)."""
+    lo, hi = -1e3, 1e3
+    while hi - lo > 1e-9:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def t_of(xs, level=0.95):
+    """(mean, half-width of the two-sided t interval at `level`, n, sd) of numbers."""
+    m, sd = mean_std(xs)
+    n = len(xs)
+    return m, (t_quantile(1 - (1 - level) / 2, n - 1) * sd / math.sqrt(n) if n > 1 else math.nan), n, sd
+
+
+def median_interval(xs, level=0.95):
+    """The median of xs and its distribution-free interval [x_(k), x_(n+1-k)] (the sign test's: it covers the true
+    median with probability 1 - 2 P(Bin(n, 1/2) < k)), the largest k whose coverage is >= level.
+    -> (median, lo, hi, coverage); lo = hi = nan where no k reaches the level."""
+    xs = sorted(xs)
+    n = len(xs)
+    med = (xs[(n - 1) // 2] + xs[n // 2]) / 2
+    tail, k = 0.0, 0  # tail = P(Bin(n, 1/2) <= k - 1)
+    while 1 - 2 * (tail + math.comb(n, k) / 2 ** n) >= level:
+        tail += math.comb(n, k) / 2 ** n
+        k += 1
+    if k == 0:
+        return med, math.nan, math.nan, math.nan
+    return med, xs[k - 1], xs[n - k], 1 - 2 * tail
+
+
+def power(sd, K, effect, level=LEVEL):
+    """Approximate power of the two-sided t interval at `level` over K seeds to exclude 0 when the true mean is
+    `effect` (sd taken as known: P(|x̄ / se| > t) with x̄ normal)."""
+    z, t = effect * math.sqrt(K) / sd, t_quantile(1 - (1 - level) / 2, K - 1)
+    return _phi(z - t) + _phi(-z - t)
+
+
+def equivalence_power(sd, K, margin, true=0.0, level=LEVEL):
+    """Approximate probability that the interval at `level` lies within ±margin when the true mean is `true`:
+    P(-margin + h < x̄ < margin - h), h the half-width with sd taken as known."""
+    se = sd / math.sqrt(K)
+    h = t_quantile(1 - (1 - level) / 2, K - 1) * se
+    return max(0.0, _phi((margin - h - true) / se) - _phi((-margin + h - true) / se))
+
+
+def _phi(x):
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
 
 
 def load(path, below=None):
@@ -44,20 +123,18 @@ def load(path, below=None):
     return [r for r in rows if below is None or r["step"] < below]
 
 
-def branches(rows, arms):
-    """{seed: {step: {arm: row}}}, keeping only the branch points where every arm in `arms` finished."""
+def branches(rows):
+    """{seed: {step: {arm: row}}}."""
     out = {}
     for r in rows:
         out.setdefault(r["seed"], {}).setdefault(r["step"], {})[r["arm"]] = r
-    return {s: {t: b for t, b in sorted(steps.items()) if all(a in b for a in arms)}
-            for s, steps in sorted(out.items()) if any(all(a in b for a in arms) for b in steps.values())}
+    return {s: dict(sorted(steps.items())) for s, steps in sorted(out.items())}
 
 
-def t_of(xs):
-    """(mean, half-width of the 95% t interval, n, sd) of numbers."""
-    m, sd = mean_std(xs)
-    n = len(xs)
-    return m, (t975(n - 1) * sd / math.sqrt(n) if n > 1 else math.nan), n, sd
+def with_arms(data, arms):
+    """The branch points where every arm in `arms` finished, and the seeds that have one."""
+    out = {s: {t: b for t, b in steps.items() if all(a in b for a in arms)} for s, steps in data.items()}
+    return {s: steps for s, steps in out.items() if steps}
 
 
 def per_seed(data, f):
@@ -65,24 +142,32 @@ def per_seed(data, f):
     return [sum(f(b) for b in steps.values()) / len(steps) for steps in data.values()]
 
 
-def blocks(data, f):
-    """Block means: BLOCK consecutive branch points of a seed (a shorter last block dropped)."""
-    out = []
-    for steps in data.values():
-        vals = [f(b) for b in steps.values()]
-        out += [sum(vals[i:i + BLOCK]) / BLOCK for i in range(0, len(vals) - BLOCK + 1, BLOCK)]
-    return out
+def contrast(data, weights, key):
+    """The per-seed means of Σ_arm w_arm x_arm (paired within each branch point), over the branch points that
+    hold every arm of the contrast; and the per-branch values (for the design effect)."""
+    sub = with_arms(data, weights)
+    f = lambda b: sum(w * b[a][key] for a, w in weights.items())  # noqa: E731
+    return per_seed(sub, f), [f(b) for steps in sub.values() for b in steps.values()]
 
 
-def label(m, half, sesoi=SESOI):
-    """The pre-registered reading of a difference's 95% interval."""
+def label(m, half, margin=SESOI):
+    """The reading of a difference's interval: below or above 0 where it excludes 0, within ±margin where it lies
+    inside (an equivalence bound, not a failure to reject: with the sign where it also excludes 0), else
+    unresolved."""
     if math.isnan(half):
         return "no interval (one seed)"
     lo, hi = m - half, m + half
-    if -sesoi <= lo and hi <= sesoi:
+    if -margin <= lo and hi <= margin:
         side = " (below 0, but smaller)" if hi < 0 else " (above 0, but smaller)" if lo > 0 else ""
-        return f"no effect of interest (within ±2.5e-4){side}"
+        return f"no effect of interest (within ±{margin * 1e4:.3g}e-4){side}"
     return "below 0" if hi < 0 else "above 0" if lo > 0 else "unresolved"
+
+
+def design_effect(seed_means, branch_values):
+    """Variance inflation from clustering by seed: var(seed means) / (var(branch values) / m), m the branch points
+    per seed; 1 where a seed's branch points were independent. The seed-mean interval carries it already."""
+    m, between = len(branch_values) / len(seed_means), mean_std(branch_values)[1] ** 2
+    return mean_std(seed_means)[1] ** 2 / (between / m) if between else math.nan
 
 
 def collapse_drift(coin_runs, horizon=300):
@@ -111,7 +196,7 @@ def anatomy(data, arm):
     """Per cell (p bin, sign): per-seed tokens per rollout, Δlog p per token, ΔH per token, up / down clips per
     rollout, each as (mean, half) over seeds (a seed's token-weighted mean over its branch points)."""
     cells = {}
-    for steps in data.values():
+    for steps in with_arms(data, [arm]).values():
         sums = {}
         for b in steps.values():
             for c in b[arm]["cells"]:
@@ -130,7 +215,7 @@ def cell_diff(data, arm, ref):
     """Per cell, arm minus ref in Δ log p per token: the cells hold the same tokens in every arm (the same rollout
     and old log-probs), so the difference is paired token by token; (mean, half) over seeds."""
     per = {}
-    for steps in data.values():
+    for steps in with_arms(data, [arm, ref]).values():
         sums = {}
         for b in steps.values():
             for c, r in zip(b[arm]["cells"], b[ref]["cells"]):
@@ -174,59 +259,94 @@ def plot(data, arms, path, ref="noclip"):
     fig.savefig(path, dpi=120)
 
 
-def report(rows):
+def report(rows, subset=None):
     arms = list(dict.fromkeys(r["arm"] for r in rows))
-    data = branches(rows, arms)
+    data = branches(rows)
     K = len(data)
     n_branch = [len(s) for s in data.values()]
-    c, H1, n_h1 = COLLAPSE, COLLAPSE_H1, COLLAPSE_RUNS
-    all_rows = [b for s in data.values() for b in s.values()]
-    H_probe = mean_std([b[arms[0]]["H_probe"] for b in all_rows])[0]
     steps = sorted({t for s in data.values() for t in s})
+    H_probe = mean_std([r["H_probe"] for r in rows if r["arm"] == arms[0]])[0]
     n_label = (f"{n_branch[0]}" if min(n_branch) == max(n_branch) else f"{min(n_branch)}–{max(n_branch)}")
-    out = [f"# The clip per update: {K} seeds x {n_label} branch points (rollouts "
-           f"{steps[0]}–{steps[-1]})", "",
-           f"Arms: {', '.join(arms)}. Units: seeds (a seed's reading is the mean over its branch points; a "
-           f"difference is paired within each branch point first); intervals are 95% t on K - 1 = {K - 1} df "
-           f"over the seed means; the check beside it is the t interval over block means ({BLOCK} consecutive "
-           f"branch points per block). Values in 1e-4 nats per token per rollout unless said. Probe entropy at "
-           f"the branch points: {H_probe:.3f} nats per token (mean). Smallest effect of interest ±2.5e-4; "
-           f"collapse-sized drift c = 0.9 x {H1:.3f} / 300 = {c * 1e4:.2f}e-4 (GRPO's step-1 entropy over "
-           f"{n_h1} committed coin runs).", "", "## Per arm", "",
-           "| arm | " + " | ".join(name for _, name in READINGS) + " | upward / downward clips per rollout |",
-           "|---|" + "---|" * (len(READINGS) + 1)]
+    out = [f"# The clip per update: {K} seeds x {n_label} branch points (rollouts {steps[0]}–{steps[-1]})", "",
+           f"Arms: {', '.join(arms)}. Rules: experiments/results/drift-toy/plan.md. Units: seeds (a seed's reading "
+           f"is the mean over its branch points of a difference paired within each branch point; the design effect "
+           f"is the variance inflation from clustering by seed, which the seed-mean interval carries). The family "
+           f"of {len(FAMILY)} contrasts on dH_probe is read through {LEVEL:.3%} t intervals (Bonferroni, "
+           f"0.05 / {len(FAMILY)}) on K - 1 df over the seed means; every other number is exploratory, 95%. Values "
+           f"in 1e-4 nats per token per rollout unless said. Probe entropy at the branch points: {H_probe:.3f} nats "
+           f"per token (mean). Margins: ±{SESOI * 1e4:.2f}e-4 (the smallest effect of interest), the interaction "
+           f"±{INTERACTION_MARGIN * 1e4:.2f}e-4; collapse-sized drift c = 0.9 x {COLLAPSE_H1:.3f} / 300 = "
+           f"{COLLAPSE * 1e4:.2f}e-4 (fixed: GRPO's step-1 entropy over {COLLAPSE_RUNS} committed coin runs).", ""]
+    if subset:
+        out += [f"**Seeds {subset} only: the subset the plan reads beside the full {CONFIRM_K} seeds.**", ""]
+    elif K < CONFIRM_K:
+        out += [f"**Interim: {K} of the plan's {CONFIRM_K} seeds. No reading below is the plan's.**", ""]
+    # --- per arm ---
+    out += ["## Per arm", "", "| arm | seeds | " + " | ".join(name for _, name in READINGS) +
+            " | ESS share of the weights: mean (least) | upward / downward clips per rollout |",
+            "|---|---|" + "---|" * (len(READINGS) + 2)]
     for arm in arms:
-        cells = [fmt(*t_of(per_seed(data, lambda b, k=k: b[arm][k]))[:2]) for k, _ in READINGS]
-        up = t_of(per_seed(data, lambda b: b[arm]["n_upper"]))[0]
-        down = t_of(per_seed(data, lambda b: b[arm]["n_lower"]))[0]
-        out.append(f"| {arm} | " + " | ".join(cells) + f" | {up:.1f} / {down:.1f} |")
-    out += ["", "## Differences, paired (arm minus arm)", "",
-            "| difference | reading | mean ± 95% t (seeds) | d_z | check: block means | label |",
-            "|---|---|---|---|---|---|"]
+        sub = with_arms(data, [arm])
+        cells = [fmt(*t_of(per_seed(sub, lambda b, k=k: b[arm][k]))[:2]) for k, _ in READINGS]
+        ess = [b[arm]["ess"] for st in sub.values() for b in st.values() if "ess" in b[arm]]
+        up = t_of(per_seed(sub, lambda b: b[arm]["n_upper"]))[0]
+        down = t_of(per_seed(sub, lambda b: b[arm]["n_lower"]))[0]
+        ess_cell = f"{sum(ess) / len(ess):.3f} ({min(ess):.3f})" if ess else "–"
+        out.append(f"| {arm} | {len(sub)} | " + " | ".join(cells) + f" | {ess_cell} | {up:.1f} / {down:.1f} |")
+    # --- the family ---
+    out += ["", f"## The family (confirmatory): dH_probe, {LEVEL:.3%} t intervals", "",
+            "| contrast | seeds | mean ± half | d_z | design effect | margin | label |",
+            "|---|---|---|---|---|---|---|"]
     diffs = {}
-    for a, b in CONTRASTS:
-        if a not in arms or b not in arms:
+    for name, weights, margin in FAMILY:
+        if not all(a in arms for a in weights):
+            out.append(f"| {name} | 0 | not run | | | ±{margin * 1e4:.2f} | |")
             continue
-        for key, name in READINGS[:3]:
-            f = lambda br, a=a, b=b, key=key: br[a][key] - br[b][key]  # noqa: E731
-            m, half, n, sd = t_of(per_seed(data, f))
-            bl = blocks(data, f)
-            check = f"{fmt(*t_of(bl)[:2])} (n = {len(bl)})" if len(bl) > 1 else "–"
-            diffs[(a, b, key)] = (m, half)
-            dz = m / sd if sd else math.nan
-            out.append(f"| {a} − {b} | {key} | {fmt(m, half)} | {dz:+.2f} | {check} | {label(m, half)} |")
-    out += ["", "## Readings (the rules of docs/results.md)", ""] + verdict_lines(diffs, c)
-    out += ["", "## Token anatomy", "", "Per cell of old probability x advantage sign, mean over seeds ± 95% t: "
-            "tokens per rollout, Δ log p per token after the rollout's updates, entropy change at those "
-            "positions per token, upward / downward clips per rollout.", ""]
+        seeds, values = contrast(data, weights, "dH_probe")
+        m, half, n, sd = t_of(seeds, LEVEL)
+        diffs[name] = (m, half)
+        dz = m / sd if sd else math.nan
+        deff = design_effect(seeds, values) if n > 1 else math.nan
+        out.append(f"| {name} | {n} | {fmt(m, half)} | {dz:+.2f} | {deff:.1f} | ±{margin * 1e4:.2f} | "
+                   f"{label(m, half, margin)} |")
+    kl_ratio = None
+    if "clip" in arms and "noclip-matched" in arms:
+        sub = with_arms(data, ["clip", "noclip-matched"])
+        kl_ratio = (sum(per_seed(sub, lambda b: b["noclip-matched"]["kl"])) /
+                    sum(per_seed(sub, lambda b: b["clip"]["kl"])))
+    out += ["", "## Readings (the plan's rules)", ""] + verdict_lines(diffs, kl_ratio)
+    # --- exploratory ---
+    out += ["", "## Exploratory (95% t; not in the family)", "",
+            "dH_probe_is beside its robust companion: the median of the per-seed differences with its sign-test "
+            "interval (distribution-free, coverage named); the weights' effective sample share is in the per-arm "
+            "table.", "",
+            "| contrast | reading | seeds | mean ± 95% t | median [sign interval] (coverage) | label |",
+            "|---|---|---|---|---|---|"]
+    for name, weights, margin in FAMILY + EXPLORATORY:
+        if not all(a in arms for a in weights):
+            continue
+        for key in (("dH_probe",) if (name, weights, margin) in EXPLORATORY else ()) + ("dH_probe_is", "dH_train"):
+            seeds, _ = contrast(data, weights, key)
+            m, half, n, _ = t_of(seeds)
+            med, lo, hi, cov = median_interval(seeds)
+            robust = (f"{med * 1e4:+.2f} [{lo * 1e4:+.2f}, {hi * 1e4:+.2f}] ({cov:.1%})" if not math.isnan(lo)
+                      else f"{med * 1e4:+.2f}")
+            out.append(f"| {name} | {key} | {n} | {fmt(m, half)} | {robust} | {label(m, half, margin)} |")
+    # --- anatomy ---
+    out += ["", "## Token anatomy (exploratory)", "", "Per cell of old probability x advantage sign (0: a group "
+            "whose coins all fell alike; those tokens get no policy-gradient of their own, but move with the shared "
+            "weights), mean over seeds ± 95% t: tokens per rollout, Δ log p per token after the rollout's updates, "
+            "entropy change at those positions per token, upward / downward clips per rollout.", ""]
     ref = "noclip" if "noclip" in arms else arms[0]
     for arm in arms:
         diff = cell_diff(data, arm, ref)
-        out += [f"**{arm}**", "", f"| p | Â | tokens | Δ log p | minus {ref}'s | ΔH (1e-3) | up / down clips |",
+        cells = anatomy(data, arm)
+        zero = sum(v[0][0] for (p, sign), v in cells.items() if sign == "0")
+        total = sum(v[0][0] for v in cells.values())
+        out += [f"**{arm}** (zero-advantage tokens: {zero:.1f} of {total:.1f} per rollout, {zero / total:.1%})", "",
+                f"| p | Â | tokens | Δ log p | minus {ref}'s | ΔH (1e-3) | up / down clips |",
                 "|---|---|---|---|---|---|---|"]
-        for (p, sign), v in anatomy(data, arm).items():
-            if sign == "0":
-                continue
+        for (p, sign), v in cells.items():
             d = diff.get((p, sign), (math.nan, math.nan))
             out.append(f"| {p[0]:g}–{p[1]:g} | {sign} | {v[0][0]:.1f} | {v[1][0]:+.4f} ± {v[1][1]:.4f} | "
                        f"{d[0]:+.4f} ± {d[1]:.4f} | {v[2][0] * 1e3:+.2f} ± {v[2][1] * 1e3:.2f} | "
@@ -235,35 +355,82 @@ def report(rows):
     return "\n".join(out) + "\n", data, arms
 
 
-def verdict_lines(diffs, c):
-    """The pre-registered readings, from the paired differences {(a, b, key): (mean, half)}."""
+def _interval(m, half):
+    return f"{fmt(m, half)}e-4, [{(m - half) * 1e4:+.2f}, {(m + half) * 1e4:+.2f}]"
+
+
+def verdict_lines(diffs, kl_ratio=None, c=COLLAPSE):
+    """The plan's readings from the family {name: (mean, half at LEVEL)} on dH_probe, and noclip-matched's KL over
+    the clip's (None: not run). A side "drains" where its interval lies below 0 (by less than the margin where it
+    lies within it too); "Band removes the upper side's drain" needs the upper side to drain, Band-KL − clip-upper
+    above 0 and Band-KL − no-clip within ±SESOI."""
     out = []
-    for key in ("dH_probe", "dH_probe_is", "dH_train"):
-        if ("clip", "noclip", key) not in diffs:
-            continue
-        m, half = diffs[("clip", "noclip", key)]
-        lab = label(m, half)
-        what = {"below 0": "the clip drains the entropy", "above 0": "the clip raises the entropy",
-                "unresolved": "unresolved: neither a drain nor no effect of interest"}.get(lab, lab)
-        collapse = ("" if math.isnan(c) or math.isnan(half) else
-                    f"; no collapse-sized drain (lower end {(m - half) * 1e4:+.2f}e-4 > -c = {-c * 1e4:.2f}e-4)"
+
+    def get(name):
+        full = next(n for n, _, _ in FAMILY if n.startswith(name))
+        return (full, *diffs[full]) if full in diffs else (full, math.nan, math.nan)
+
+    def sided(m, half, margin, below, above, none):
+        lab = label(m, half, margin)
+        if math.isnan(half):
+            return lab
+        small = f", by less than ±{margin * 1e4:.2f}e-4" if -margin <= m - half and m + half <= margin else ""
+        return (below + small if m + half < 0 else above + small if m - half > 0 else none if small
+                else "unresolved: neither excludes 0 nor lies within the margin")
+
+    name, m, half = get("clip − noclip")
+    if not math.isnan(half):
+        what = sided(m, half, SESOI, "the clip drains the entropy", "the clip raises the entropy",
+                     "no effect of interest")
+        collapse = (f"; no collapse-sized drain (lower end {(m - half) * 1e4:+.2f}e-4 > -c = {-c * 1e4:.2f}e-4)"
                     if m - half > -c else f"; a collapse-sized drain is not excluded (lower end "
                     f"{(m - half) * 1e4:+.2f}e-4 <= -c = {-c * 1e4:.2f}e-4)")
-        role = "primary" if key == "dH_probe" else "secondary"
-        out.append(f"- ({role}, {key}) clip − no-clip {fmt(m, half)}e-4: **{what}**{collapse}")
-    if ("clip-upper", "noclip", "dH_probe") in diffs:
-        m, half = diffs[("clip-upper", "noclip", "dH_probe")]
-        drains = label(m, half) == "below 0"
-        out.append(f"- (dH_probe) the clip's upper side alone − no-clip {fmt(m, half)}e-4: **"
-                   f"{'the upper side drains' if drains else 'no drain by the upper side shown'}** "
-                   f"({label(m, half)})")
-        if ("bandkl", "noclip", "dH_probe") in diffs:
-            bm, bhalf = diffs[("bandkl", "noclip", "dH_probe")]
-            equiv = label(bm, bhalf).startswith("no effect")
-            verdict = ("Band removes the upper side's drain" if drains and equiv else
-                       "not read: the upper side's drain is not shown" if not drains else
-                       "Band's removal of it is not shown (Band-KL − no-clip not within ±2.5e-4)")
-            out.append(f"- (dH_probe) Band-KL − no-clip {fmt(bm, bhalf)}e-4 ({label(bm, bhalf)}): **{verdict}**")
+        out.append(f"- {name}: {_interval(m, half)}: **{what}**{collapse}")
+    up = get("upper side")
+    for side in ("upper side", "lower side"):
+        name, m, half = get(side)
+        if not math.isnan(half):
+            out.append(f"- {name}: {_interval(m, half)}: **" + sided(
+                m, half, SESOI, f"the {side} drains", f"the {side} raises the entropy",
+                f"the {side}: no effect of interest") + "**")
+    name, m, half = get("interaction")
+    if not math.isnan(half):  # additivity is the question: within the margin reads "add", whatever the sign
+        lab = label(m, half, INTERACTION_MARGIN)
+        what = (f"the two sides add (within ±{INTERACTION_MARGIN * 1e4:.2f}e-4)" if lab.startswith("no effect") else
+                f"the sides interact ({lab})" if lab in ("below 0", "above 0") else
+                "unresolved: neither excludes 0 nor lies within the margin")
+        out.append(f"- {name}: {_interval(m, half)}: **{what}**")
+    brake, step = get("brake"), get("step")
+    if not math.isnan(brake[2]) or not math.isnan(step[2]):
+        if kl_ratio is None or not KL_MATCH[0] <= kl_ratio <= KL_MATCH[1]:
+            out.append(f"- brake and step: **not read: noclip-matched's KL is {kl_ratio:.2f}x the clip's, outside "
+                       f"[{KL_MATCH[0]}, {KL_MATCH[1]}]: the steps were not matched**" if kl_ratio is not None
+                       else "- brake and step: not read (noclip-matched's KL unknown)")
+        else:
+            out.append(f"- step match: noclip-matched's KL is {kl_ratio:.2f}x the clip's (within "
+                       f"[{KL_MATCH[0]}, {KL_MATCH[1]}])")
+            name, m, half = brake
+            if not math.isnan(half):
+                out.append(f"- {name}: {_interval(m, half)}: **" + sided(
+                    m, half, SESOI, "the clip drains beyond a no-clip step of the same size (its per-token shape)",
+                    "the clip raises the entropy against a no-clip step of the same size",
+                    "the clip acts as a smaller step: no effect of interest beyond it") + "**")
+            name, m, half = step
+            if not math.isnan(half):
+                out.append(f"- {name}: {_interval(m, half)}: **" + sided(
+                    m, half, SESOI, "a smaller step alone lowers the entropy change",
+                    "a smaller step alone raises the entropy change",
+                    "a smaller step alone: no effect of interest") + "**")
+    name, m, half = get("bandkl − noclip")
+    bu = get("bandkl − clip-upper")
+    if not math.isnan(half) and not math.isnan(up[2]) and not math.isnan(bu[2]):
+        drains, above = up[1] + up[2] < 0, bu[1] - bu[2] > 0
+        equiv = -SESOI <= m - half and m + half <= SESOI
+        verdict = ("Band removes the upper side's drain" if drains and above and equiv else
+                   "not read: the upper side's drain is not shown" if not drains else
+                   "not shown: Band-KL − clip-upper does not lie above 0" if not above else
+                   f"not shown: Band-KL − noclip does not lie within ±{SESOI * 1e4:.2f}e-4")
+        out.append(f"- {bu[0]}: {_interval(*bu[1:])}; {name}: {_interval(m, half)}: **{verdict}**")
     return out
 
 
@@ -274,8 +441,13 @@ def main(argv=None):
                     help="directory of drift.md")
     ap.add_argument("--figure", default=os.path.join(ROOT, "figures", "drift-toy_anatomy.png"))
     ap.add_argument("--below", type=int, help="read only the branch points at rollouts < N (a common prefix)")
+    ap.add_argument("--seeds", metavar="A-B", help="read only seeds A to B (the plan's fresh half: 16-31)")
     args = ap.parse_args(argv)
-    md, data, arms = report(load(args.pairs, args.below))
+    rows = load(args.pairs, args.below)
+    if args.seeds:
+        a, b = map(int, args.seeds.split("-"))
+        rows = [r for r in rows if a <= r["seed"] <= b]
+    md, data, arms = report(rows, subset=args.seeds)
     os.makedirs(args.results, exist_ok=True)
     with open(os.path.join(args.results, "drift.md"), "w") as f:
         f.write(md)

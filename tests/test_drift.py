@@ -230,9 +230,227 @@ def test_report_reads_seed_means_by_hand(tmp_path):
         f.writelines(json.dumps(r) + "\n" for r in rows)
     assert drift_report.load(str(tmp_path / "pairs.jsonl.gz")) == rows
     md, data, arms = drift_report.report(rows)
-    assert "| clip − noclip | dH_probe | -2.33 ± 1.43 |" in md and "| below 0 |" in md
+    # exploratory, 95% t on 2 df: the interval above
+    # 3 seeds: no sign interval reaches 95%, the median stands alone
+    assert "| clip − noclip | dH_probe_is | 3 | -2.33 ± 1.43 | -2.00 |" in md
     assert "c = 0.9 x 0.157 / 300 = 4.71e-4" in md
-    assert "**the clip drains the entropy**; no collapse-sized drain (lower end -3.77e-4 > -c = -4.71e-4)" in md
+    # the family at 1 - 0.05 / 8: t(0.996875, 2) = u sqrt(2 / (1 - u^2)), u = 0.99375 (t's CDF on 2 df is
+    # 1/2 + t / (2 sqrt(2 + t^2))): 12.590, half 12.590 x 0.577 / sqrt(3) = 4.197 -> [-6.53, +1.86]
+    assert "| clip − noclip | 3 | -2.33 ± 4.20 |" in md
+    assert ("**unresolved: neither excludes 0 nor lies within the margin**; a collapse-sized drain is not excluded "
+            "(lower end -6.53e-4 <= -c = -4.71e-4)") in md
+    assert "**Interim: 3 of the plan's 32 seeds. No reading below is the plan's.**" in md
     assert drift_report.label(0.5e-4, 1e-4) == "no effect of interest (within ±2.5e-4)"
     assert drift_report.label(2e-4, 3e-4) == "unresolved" and drift_report.label(2e-4, 1e-4) == "above 0"
     assert drift_report.label(-2e-4, 0.3e-4) == "no effect of interest (within ±2.5e-4) (below 0, but smaller)"
+
+
+REFUSALS = [("kl-coef", "0.001"), ("old-logp", "engine"), ("eps-low", "0.1"), ("eps-high", "0.3"), ("max-steps", "5"),
+            ("seed", "3"), ("out-dir", "x"), ("resume", "x"), ("eval-every", "5"), ("eval-n", "2"),
+            ("eval-prompts", "3"), ("save-every", "5"), ("keep-checkpoints", "2"), ("export-hf", None),
+            ("wandb", "p"), ("verbose", None), ("gpu-memory-utilization", "0.3")]
+
+
+@pytest.mark.parametrize("flag,value", REFUSALS)
+def test_refuses_what_it_cannot_honour(flag, value, tmp_path, capsys, monkeypatch):
+    """A train.py flag that drift.py would silently ignore (--kl-coef > 0: no reference model is built; --old-logp
+    engine: π_old is always the trainer's; the rest of its audit) ends the command with exit 2 and one line on
+    stderr naming the flag and its value, before a model, an engine or a process group starts."""
+    def started(*args, **kwargs):
+        raise AssertionError("something started before the refusal")
+    for mod, name in ((drift.policy, "build_model"), (drift.rollout, "make_engine"), (drift.train, "init_distributed")):
+        monkeypatch.setattr(mod, name, started)
+    with pytest.raises(SystemExit) as e:
+        drift.main(["--out", str(tmp_path), "--", f"--{flag}"] + ([value] if value else []))
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--{flag} {value or 'True'} " in err[0], err
+    assert not os.listdir(tmp_path)
+
+
+def test_every_config_field_is_audited():
+    """Every Config field is either read as train.py reads it (HONOURED) or refused (REFUSED), never both; a
+    field added to Config later fails here until it is classified. The defaults themselves are not refused."""
+    from config import Config as C
+    names = {f.name for f in dataclasses.fields(C)}
+    assert names <= set(drift.REFUSED) | set(drift.HONOURED), names - set(drift.REFUSED) - set(drift.HONOURED)
+    assert not set(drift.REFUSED) & set(drift.HONOURED)
+    assert drift.refused_flag([]) is None
+    assert drift.refused_flag(["--kl-coef", "0", "--old-logp", "trainer", "--lr", "3e-4"]) is None
+
+
+def test_clip_sides_and_matched_arm_bounds_by_hand():
+    """At any old probability the clip is [0.8, 1.2] (ε = 0.2), no-clip [0, 10] (the ratio cap): clip-upper is
+    [0, 1.2], clip-lower [0.8, 10]; noclip-matched has no-clip's bounds at lr x f, noclip@0.6 at lr x 0.6."""
+    import band
+    cfg = resolve_config(Config(method="clip", lr=1e-4))
+    p = torch.tensor([1e-3, 0.1, 0.5, 0.99], dtype=torch.float64)
+    for arm, lo, hi in (("clip", 0.8, 1.2), ("noclip", 0.0, 10.0), ("clip-upper", 0.0, 1.2), ("clip-lower", 0.8, 10.0),
+                        ("noclip-matched", 0.0, 10.0), ("noclip@0.6", 0.0, 10.0)):
+        a = drift.arm_config(cfg, arm)
+        lower, upper = band.ratio_bounds(p.log(), a.method, delta=a.delta, eps_low=a.eps_low, eps_high=a.eps_high,
+                                         max_ratio=a.max_ratio)
+        assert torch.allclose(lower, torch.full_like(p, lo), rtol=0, atol=4 * F64), arm  # 1 - 0.2 in float64
+        assert torch.allclose(upper, torch.full_like(p, hi), rtol=0, atol=16 * F64), arm
+    assert drift.arm_config(cfg, "noclip-matched").lr == pytest.approx(1e-4 * drift.MATCHED_LR, rel=F64)
+    assert drift.arm_config(cfg, "noclip@0.6").lr == pytest.approx(0.6e-4, rel=F64)
+    assert drift.arm_config(cfg, "clip").lr == 1e-4
+    with pytest.raises(ValueError):
+        drift.arm_config(cfg, "noclip@1.5")
+
+
+def test_matched_arm_is_noclip_at_the_smaller_lr(setup):
+    """noclip-matched run from the restored snapshot equals a fresh build that trains no-clip with AdamW at lr x f,
+    and the arm after it (no-clip) runs at the full lr again: it equals a fresh no-clip build at lr."""
+    cfg = setup[0]
+    model, opt, batch, adv, probe = start(setup)
+    rows = drift.branch(model, opt, cfg, ["noclip-matched", "noclip"], batch, adv, probe, matched_lr=0.5)
+    assert rows[0]["lr"] == cfg.lr * 0.5 and rows[1]["lr"] == cfg.lr
+    assert all(g["lr"] == cfg.lr for g in opt.param_groups)  # the base trajectory goes on at its own lr
+    for row, f in ((rows[0], 0.5), (rows[1], 1.0)):
+        fresh, fopt, fbatch, fadv, fprobe = start(setup)
+        for g in fopt.param_groups:
+            g["lr"] = cfg.lr * f
+        ncfg = dataclasses.replace(drift.arm_config(cfg, "noclip"), lr=cfg.lr * f)
+        old_logp, old_ent = policy.batch_logprobs(fresh, cfg, fbatch, with_entropy=True)
+        ref = drift.arm_update(fresh, fopt, ncfg, fbatch, fadv, old_logp, old_ent, fprobe,
+                               drift.probe_logq(fresh, fprobe, cfg))
+        assert {k: v for k, v in row.items() if k in ref} == ref
+    assert rows[0]["kl"] < rows[1]["kl"]  # the smaller step moves the policy less
+
+
+def test_merge_into_takes_whole_seeds_only(tmp_path):
+    """Seed 0 finished (2 branch points x arms a, b) is added; seed 1 (one branch point of 2) is not; seed 2 repeats
+    a committed line with a different reading and is not merged; seed 3 repeats a committed line with the same
+    readings (another time_s, a key the committed line lacks): its new arm is added, the repeat kept once. The file
+    is gzip -n: merging again adds nothing and leaves the bytes as they were."""
+    import gzip
+    target = tmp_path / "pairs.jsonl.gz"
+    committed = [{"seed": 2, "step": 0, "arm": "a", "dH_probe": 1.0, "time_s": 1},
+                 {"seed": 3, "step": 0, "arm": "a", "dH_probe": 2.0, "time_s": 1}]
+    with gzip.open(target, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in committed)
+    os.makedirs(tmp_path / "run" / "seeds")
+
+    def seed_file(seed, lines):
+        with open(tmp_path / "run" / "seeds" / f"s{seed}.jsonl", "w") as f:
+            f.writelines(json.dumps(dict(seed=seed, step=t, arm=a, dH_probe=v, time_s=9, lr=1e-4)) + "\n"
+                         for t, a, v in lines)
+    seed_file(0, [(0, "a", 0.1), (0, "b", 0.2), (1, "a", 0.3), (1, "b", 0.4)])
+    seed_file(1, [(0, "a", 0.1), (0, "b", 0.2)])
+    seed_file(2, [(0, "a", 1.5), (1, "a", 0.0)])
+    seed_file(3, [(0, "a", 2.0), (0, "c", 5.0), (1, "a", 2.5), (1, "c", 6.0)])
+    merged, added, skipped = drift.merge_into(str(tmp_path / "run"), str(target), branches=2, every=1)
+    assert merged == [0, 3] and added == 4 + 3 and [s for s, _ in skipped] == [1, 2]
+    with gzip.open(target, "rt") as f:
+        got = [json.loads(x) for x in f]
+    assert [(r["seed"], r["step"], r["arm"]) for r in got] == [
+        (0, 0, "a"), (0, 0, "b"), (0, 1, "a"), (0, 1, "b"), (2, 0, "a"), (3, 0, "a"), (3, 0, "c"), (3, 1, "a"),
+        (3, 1, "c")]
+    assert got[4] == committed[0] and got[5] == committed[1]  # committed lines are kept as they were
+    before = target.read_bytes()
+    assert drift.merge_into(str(tmp_path / "run"), str(target), branches=2, every=1)[1] == 0
+    assert target.read_bytes() == before
+
+
+def _rows(values, seeds=3, steps=2, kl=None, cells=None):
+    """Hand-built lines: arm a's reading at (seed, step) is values[a] + a noise shared by every arm (it cancels in
+    each contrast, whose weights sum to 0), so every contrast is constant over seeds: its interval is the point."""
+    cells = cells or [{"p": [0.0, 1.0], "adv": "+", "tokens": 1, "dlogp_sum": 0.0, "dH_sum": 0.0, "up": 0, "down": 0}]
+    rows = []
+    for seed in range(seeds):
+        for step in range(steps):
+            noise = 1e-4 * ((seed * 7 + step * 3) % 5)
+            for arm, v in values.items():
+                rows.append({"seed": seed, "step": step, "arm": arm, "dH_probe": v * 1e-4 + noise,
+                             "dH_probe_is": v * 1e-4 + noise, "dH_train": v * 1e-4 + noise,
+                             "kl": (kl or {}).get(arm, 50e-4), "H_probe": 0.1, "ess": 0.5, "n_upper": 0,
+                             "n_lower": 0, "cells": cells})
+    return rows
+
+
+def _readings(values, **kw):
+    import drift_report
+    md = drift_report.report(_rows(values, **kw))[0]
+    return md[md.index("## Readings"):md.index("## Exploratory")]
+
+
+def test_band_that_drains_like_clip_upper_does_not_pass():
+    """A Band arm whose lines equal clip-upper's: the upper side drains (-1e-4, below 0 by less than the margin), and
+    Band-KL − no-clip (-1e-4) lies within ±2.5e-4 — the one condition the rule checked before — but Band-KL −
+    clip-upper is exactly 0, not above it: the verdict is not "Band removes the upper side's drain"."""
+    r = _readings({"noclip": 0.0, "clip-upper": -1.0, "bandkl": -1.0})
+    assert "**the upper side drains, by less than ±2.50e-4**" in r
+    assert "**not shown: Band-KL − clip-upper does not lie above 0**" in r
+    assert "Band removes" not in r
+
+
+def test_band_removes_the_upper_sides_drain_by_hand():
+    """Upper side -3e-4 (drains), Band-KL − clip-upper +2.5e-4 (above 0), Band-KL − no-clip -0.5e-4 (within ±2.5):
+    all three conditions hold. With Band-KL − no-clip at -2.6e-4 (outside the margin) the third fails."""
+    assert "**Band removes the upper side's drain**" in _readings({"noclip": 0.0, "clip-upper": -3.0, "bandkl": -0.5})
+    r = _readings({"noclip": 0.0, "clip-upper": -3.0, "bandkl": -2.6})
+    assert "**not shown: Band-KL − noclip does not lie within ±2.50e-4**" in r
+    r = _readings({"noclip": 0.0, "clip-upper": 1.0, "bandkl": 0.0})
+    assert "**not read: the upper side's drain is not shown**" in r
+
+
+def test_two_by_two_sides_and_interaction_by_hand():
+    """no-clip 0, clip-upper -3, clip-lower +1 (e-4). clip -2.5: interaction -2.5 + 3 - 1 + 0 = -0.5, within its
+    ±1.25 margin: the sides add. clip -4: interaction -2, outside it and below 0: they interact."""
+    r = _readings({"noclip": 0.0, "clip-upper": -3.0, "clip-lower": 1.0, "clip": -2.5})
+    assert "**the upper side drains**" in r and "**the lower side raises the entropy, by less than ±2.50e-4**" in r
+    assert "interaction: clip − clip-upper − clip-lower + noclip: -0.50 ± 0.00e-4" in r
+    assert "**the two sides add (within ±1.25e-4)**" in r
+    r = _readings({"noclip": 0.0, "clip-upper": -3.0, "clip-lower": 1.0, "clip": -4.0})
+    assert "**the sides interact (below 0)**" in r
+    assert "a collapse-sized drain is not excluded" not in r  # clip − noclip -4 > -c = -4.71
+    r = _readings({"noclip": 0.0, "clip": -5.0})
+    assert "**the clip drains the entropy**; a collapse-sized drain is not excluded" in r
+
+
+def test_brake_and_step_by_hand():
+    """KL of noclip-matched equal to the clip's (ratio 1): clip -4, noclip-matched -0.5, no-clip 0 -> brake -3.5
+    (below 0, past the margin: the clip's per-token shape), step -0.5 (below 0, within the margin). With
+    noclip-matched's KL twice the clip's the steps were not matched and neither is read."""
+    r = _readings({"noclip": 0.0, "noclip-matched": -0.5, "clip": -4.0})
+    assert "noclip-matched's KL is 1.00x the clip's" in r
+    assert "**the clip drains beyond a no-clip step of the same size (its per-token shape)**" in r
+    assert "**a smaller step alone lowers the entropy change, by less than ±2.50e-4**" in r
+    r = _readings({"noclip": 0.0, "noclip-matched": -0.5, "clip": -4.0}, kl={"noclip-matched": 100e-4})
+    assert "**not read: noclip-matched's KL is 2.00x the clip's, outside [0.8, 1.25]: the steps were not matched**" in r
+    assert "per-token shape" not in r
+
+
+def test_report_sections_labels_and_zero_advantage_tokens():
+    """The family table is labelled confirmatory at 99.375%, everything else exploratory; the ESS share appears per
+    arm; a cell of zero-advantage tokens (2 per branch point of 5 in all) is counted: 2.0 of 5.0, 40.0%."""
+    import drift_report
+    cells = [{"p": [0.0, 1.0], "adv": "+", "tokens": 3, "dlogp_sum": 0.3, "dH_sum": 0.0, "up": 0, "down": 0},
+             {"p": [0.0, 1.0], "adv": "0", "tokens": 2, "dlogp_sum": 0.1, "dH_sum": 0.0, "up": 0, "down": 0}]
+    md = drift_report.report(_rows({"noclip": 0.0, "clip": -1.0}, cells=cells))[0]
+    assert "## The family (confirmatory): dH_probe, 99.375% t intervals" in md
+    assert "## Exploratory (95% t; not in the family)" in md and "## Token anatomy (exploratory)" in md
+    assert "(zero-advantage tokens: 2.0 of 5.0 per rollout, 40.0%)" in md
+    assert "| 0–1 | 0 | 2.0 | +0.0500 ± 0.0000 |" in md  # 0.1 / 2 per token
+    assert "| clip | 3 |" in md and "| 0.500 (0.500) |" in md
+
+
+def test_statistics_by_hand():
+    """t quantiles against a printed table (3 decimals: ±5e-4): t(0.975, 1) = 12.706, t(0.975, 15) = 2.131,
+    t(0.995, 15) = 2.947, t(0.9975, 30) = 3.030. The sign interval of 16 numbers 1..16: the largest k with
+    1 - 2 P(Bin(16, 1/2) <= k - 1) >= 0.95 is 4 (P(<= 3) = 697 / 65536), so [x_(4), x_(13)] = [4, 13], coverage
+    1 - 1394 / 65536; 5 numbers reach no 95% interval (1 - 2 / 32 = 0.9375). The design effect of seed means (1, 3)
+    from branch values (1, 1, 3, 3): var 2 / ((4 / 3) / 2) = 3. Power of a 95% t interval over 4 seeds (sd 1) to
+    exclude 0 at a true 2: Φ(2 x 2 - 3.182) = Φ(0.818) = 0.793 (normal table, ±1e-3)."""
+    import drift_report as d
+    for p, df, t in ((0.975, 1, 12.706), (0.975, 15, 2.131), (0.995, 15, 2.947), (0.9975, 30, 3.030)):
+        assert d.t_quantile(p, df) == pytest.approx(t, abs=5e-4)
+    med, lo, hi, cov = d.median_interval([float(x) for x in range(16, 0, -1)])
+    assert (med, lo, hi) == (8.5, 4.0, 13.0) and cov == pytest.approx(1 - 1394 / 65536, rel=F64 * 16)
+    assert math.isnan(d.median_interval([1.0, 2, 3, 4, 5])[1])
+    assert d.design_effect([1.0, 3.0], [1.0, 1.0, 3.0, 3.0]) == pytest.approx(3.0, rel=F64 * 16)
+    assert d.power(1.0, 4, 2.0, level=0.95) == pytest.approx(0.793, abs=1e-3)
+    assert d.equivalence_power(1.0, 4, 0.5, level=0.95) == 0.0  # the half-width 1.59 exceeds the margin
+    assert d.label(-1e-4, 0.5e-4) == "no effect of interest (within ±2.5e-4) (below 0, but smaller)"
+    assert d.label(-1e-4, 0.5e-4, margin=1.25e-4) == "below 0"
