@@ -28,7 +28,9 @@ Config flags this script cannot honour (--kl-coef > 0, --old-logp engine, ... `R
         --merge-into experiments/results/drift-toy/pairs.jsonl.gz   # finished seeds into the committed file
 
 Departures from train.py: the HF engine by default (its generate is cheap on the tiny model and
-needs no vLLM start), no evaluation, one checkpoint per branch point (for --resume).
+needs no vLLM start), no evaluation, one checkpoint per branch point (for --resume). On SmolLM2
+(`-- --model models/smollm2-135m-instruct`, a smaller probe) the probe's logits stay in the model's
+dtype and are widened to float64 a chunk of rows at a time (probe_readings).
 """
 
 import argparse
@@ -61,6 +63,7 @@ MATCHED_LR = 0.75  # noclip-matched's lr factor f, fixed from a pilot (experimen
 PROBE_SEED_OFFSET = 1 << 41  # probe sampling seeds never meet a rollout's or an evaluation's (1 << 40)
 P_EDGES = (0.0, 0.05, 0.2, 0.5, 0.8, 1.0)  # anatomy bins of the old probability; last one closed
 SIGNS = ("+", "-", "0")  # advantage sign of a token's response
+PROBE_CHUNK_BYTES = 1 << 28  # float64 working set per distribution of one chunk of probe rows
 TRAIN_DEFAULTS = ["--method", "clip", "--reward", "random", "--rollout", "hf", "--eval-every", "0",
                   "--no-export-hf", "--save-every", "0"]  # before the user's flags, which win
 # Config fields this script does not honour: set to anything but the value it runs with (TRAIN_DEFAULTS
@@ -86,7 +89,7 @@ HONOURED = ("method", "delta", "max_ratio", "clip_c", "agg", "norm_by_std", "kl_
             "reward_incorrect", "prompts_per_step", "group_size", "mini_batch_prompts", "micro_batch_size",
             "micro_batch_tokens", "pack", "max_prompt_len", "max_new_tokens", "temperature", "top_p", "lr",
             "weight_decay", "grad_clip", "grad_checkpointing", "share_prompt", "train_dtype", "rollout",
-            "rollout_dtype")  # kl_kind acts only with --kl-coef > 0, refused: inert, as in train.py
+            "rollout_dtype", "recompute")  # kl_kind acts only with --kl-coef > 0: inert, as in train.py
 
 
 def refused_flag(rest):
@@ -179,30 +182,39 @@ def recording():
 
 # --- readings ------------------------------------------------------------------------------------
 @torch.no_grad()
-def probe_logq(model, probe, cfg):
-    """Teacher-forced log-softmax(logits / T) at every probe response position: (B, T, V), as
-    logprobs.sequence_logprobs builds its positions (the whole vocabulary is kept for KL)."""
+def probe_logits(model, probe, cfg):
+    """Teacher-forced logits at every probe response position: (B, T, V) in the model's compute
+    dtype (float32, or bf16 where the CPU has it natively), as logprobs.sequence_logprobs builds
+    its positions; the whole vocabulary is kept for KL. Never widened to float64 here: at
+    SmolLM2's 49k vocabulary that copy would be gigabytes (probe_readings widens chunks)."""
     T, out = probe.mask.shape[1], []
     pos = (probe.attn.cumsum(-1) - 1).clamp(min=0)
     for i in range(0, len(probe), cfg.micro_batch_size):
         rows = slice(i, i + cfg.micro_batch_size)
-        logits = model(input_ids=probe.input_ids[rows], attention_mask=probe.attn[rows],
-                       position_ids=pos[rows], logits_to_keep=T + 1).logits[:, :-1]  # (b, T, V)
-        out.append(torch.log_softmax(logits.double() / cfg.temperature, -1))
+        out.append(model(input_ids=probe.input_ids[rows], attention_mask=probe.attn[rows],
+                         position_ids=pos[rows], logits_to_keep=T + 1).logits[:, :-1])  # (b, T, V)
     return torch.cat(out)
 
 
-def probe_readings(old, new, probe):
+def probe_readings(old, new, probe, temperature=1.0, chunk_bytes=PROBE_CHUNK_BYTES):
     """Entropy change per probe token, its importance-weighted version and KL(old || new), from the
-    (B, T, V) log-softmaxes before and after an arm's updates. The weighted version is what a
-    rollout of the new policy would log as its token-mean entropy: Σ_i w_i Σ_t H_new / Σ_i w_i n_i
-    with w_i ∝ π_new(y_i) / π_old(y_i) (self-normalised), minus the old mean."""
+    (B, T, V) logits before and after an arm's updates: log-softmax(logits / T) in float64, a chunk
+    of rows at a time (at most `chunk_bytes` of float64 per distribution), reduced per position
+    before the next chunk. The weighted version is what a rollout of the new policy would log as
+    its token-mean entropy: Σ_i w_i Σ_t H_new / Σ_i w_i n_i with w_i ∝ π_new(y_i) / π_old(y_i)
+    (self-normalised), minus the old mean."""
     m = probe.mask.double()                                                  # (B, T)
     ids = probe.input_ids[:, probe.n_prompt:].unsqueeze(-1)                  # (B, T, 1)
-    H_old = -(old.exp() * old).sum(-1)                                       # (B, T)
-    H_new = -(new.exp() * new).sum(-1)
-    kl = (old.exp() * (old - new)).sum(-1)                                   # (B, T)
-    dlogp = (new.gather(-1, ids) - old.gather(-1, ids))[..., 0] * m          # (B, T)
+    step = max(1, chunk_bytes // (8 * old.shape[1] * old.shape[2]))
+    parts = []
+    for i in range(0, len(old), step):
+        o = torch.log_softmax(old[i:i + step].double() / temperature, -1)   # (b, T, V) float64
+        n = torch.log_softmax(new[i:i + step].double() / temperature, -1)
+        parts.append((-(o.exp() * o).sum(-1), -(n.exp() * n).sum(-1),      # (b, T) each
+                      (o.exp() * (o - n)).sum(-1),
+                      (n.gather(-1, ids[i:i + step]) - o.gather(-1, ids[i:i + step]))[..., 0]))
+    H_old, H_new, kl, dlogp = (torch.cat(x) for x in zip(*parts))           # (B, T)
+    dlogp = dlogp * m
     w = torch.softmax(dlogp.sum(-1), 0)                                      # (B,) sequence weights
     n, h_old = m.sum(), (H_old * m).sum() / m.sum()
     return {"dH_probe": ((H_new - H_old) * m).sum().item() / n.item(),
@@ -272,7 +284,7 @@ def arm_update(model, optimizer, cfg, batch, advantages, old_logp, old_ent, prob
         upd_logp[rows] = lp
     new_logp, new_ent = policy.batch_logprobs(model, cfg, batch, with_entropy=True)
     m = batch.mask.double()
-    out = probe_readings(probe_old, probe_logq(model, probe, cfg), probe)
+    out = probe_readings(probe_old, probe_logits(model, probe, cfg), probe, cfg.temperature)
     out.update(dH_train=((new_ent - old_ent) * m).sum().item() / m.sum().item(),
                dlogp_train=((new_logp - old_logp) * m).sum().item() / m.sum().item(),
                H_train=(old_ent * m).sum().item() / m.sum().item(), tokens=int(m.sum().item()),
@@ -288,7 +300,7 @@ def branch(model, optimizer, cfg, arms, batch, advantages, probe, repeat_first=F
     """Every arm from the same state on the same rollout; the model ends on the base's update (its
     own arm, run last, or a separate one). -> [readings per arm]."""
     old_logp, old_ent = policy.batch_logprobs(model, cfg, batch, with_entropy=True)  # (B, T) all rows
-    probe_old = probe_logq(model, probe, cfg)
+    probe_old = probe_logits(model, probe, cfg)
     snap = snapshot(model, optimizer)
     base = _bounds_key(cfg)
     configs = [arm_config(cfg, a, matched_lr) for a in arms]

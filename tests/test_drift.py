@@ -69,7 +69,7 @@ def test_restored_arm_equals_a_fresh_build(setup):
     fresh, fopt, fbatch, fadv, fprobe = start(setup)
     old_logp, old_ent = policy.batch_logprobs(fresh, cfg, fbatch, with_entropy=True)
     ref = drift.arm_update(fresh, fopt, cfg, fbatch, fadv, old_logp, old_ent, fprobe,
-                           drift.probe_logq(fresh, fprobe, cfg))
+                           drift.probe_logits(fresh, fprobe, cfg))
     got = {k: v for k, v in rows[1].items() if k in ref}
     assert got == ref
     # the base trajectory continues from the clip arm: the same weights as the fresh build's
@@ -314,7 +314,7 @@ def test_matched_arm_is_noclip_at_the_smaller_lr(setup):
         ncfg = dataclasses.replace(drift.arm_config(cfg, "noclip"), lr=cfg.lr * f)
         old_logp, old_ent = policy.batch_logprobs(fresh, cfg, fbatch, with_entropy=True)
         ref = drift.arm_update(fresh, fopt, ncfg, fbatch, fadv, old_logp, old_ent, fprobe,
-                               drift.probe_logq(fresh, fprobe, cfg))
+                               drift.probe_logits(fresh, fprobe, cfg))
         assert {k: v for k, v in row.items() if k in ref} == ref
     assert rows[0]["kl"] < rows[1]["kl"]  # the smaller step moves the policy less
 
@@ -454,3 +454,37 @@ def test_statistics_by_hand():
     assert d.equivalence_power(1.0, 4, 0.5, level=0.95) == 0.0  # the half-width 1.59 exceeds the margin
     assert d.label(-1e-4, 0.5e-4) == "no effect of interest (within ±2.5e-4) (below 0, but smaller)"
     assert d.label(-1e-4, 0.5e-4, margin=1.25e-4) == "below 0"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_probe_readings_equal_the_whole_vocabulary_in_float64(dtype, monkeypatch):
+    """probe_readings widens logits to float64 one chunk of probe rows at a time (SmolLM2's 49k vocabulary would
+    make a float64 copy of a probe's logits gigabytes). On a vocabulary slice (V = 96; logits in float32 and in
+    bf16, the model's dtypes) read one row at a time, it equals a brute force written here on the whole (B, T, V)
+    tensor widened at once: H = -Σ p log p, KL = Σ p_old (log p_old - log p_new), masked token means, at T = 2.
+    Tolerance: float64 sums of at most 96 terms per position and 40 positions, terms below log 96 < 5: 1e-12
+    relative is ample. And no log-softmax ever sees more than one row."""
+    B, T, V, temp = 5, 8, 96, 2.0
+    g = torch.Generator().manual_seed(0)
+    old = (3 * torch.randn(B, T, V, generator=g)).to(dtype)
+    new = (old.double() + 0.2 * torch.randn(B, T, V, generator=g, dtype=torch.float64)).to(dtype)
+    mask = torch.ones(B, T)
+    mask[1, 5:] = 0
+    ids = torch.randint(0, V, (B, 2 + T), generator=g)
+    probe = RolloutBatch(ids, torch.ones(B, 2 + T, dtype=torch.long), mask, 2)
+    seen, inner = [], torch.log_softmax
+
+    def recording(x, dim):
+        seen.append(x.shape[0])
+        return inner(x, dim)
+    monkeypatch.setattr(torch, "log_softmax", recording)
+    got = drift.probe_readings(old, new, probe, temp, chunk_bytes=8 * T * V)  # one row per chunk
+    monkeypatch.setattr(torch, "log_softmax", inner)
+    assert max(seen) == 1 and len(seen) == 2 * B
+    lo, ln = (inner(x.double() / temp, -1) for x in (old, new))              # the whole tensor, float64
+    m = mask.double()
+    H_old, H_new = -(lo.exp() * lo).sum(-1), -(ln.exp() * ln).sum(-1)
+    assert got["dH_probe"] == pytest.approx(((H_new - H_old) * m).sum().item() / m.sum().item(), rel=1e-12)
+    assert got["kl"] == pytest.approx(((lo.exp() * (lo - ln)).sum(-1) * m).sum().item() / m.sum().item(), rel=1e-12)
+    assert got["H_probe"] == pytest.approx(((H_old * m).sum() / m.sum()).item(), rel=1e-12)
+    assert got["probe_tokens"] == B * T - 3
