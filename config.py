@@ -34,9 +34,10 @@ import data
 import grpo
 import reward
 import rollout
-from machinery.memory import free_memory, grad_checkpointing_default, update_memory
+from machinery.memory import free_memory, grad_checkpointing_default, recompute_default, update_memory
 from machinery.packed_attention import pack_default
 from machinery.precision import resolve_dtype
+from policy import resolve_recompute
 
 
 @dataclass
@@ -80,7 +81,9 @@ class Config:
     weight_decay: float = 0.0         # AdamW weight decay
     grad_clip: float = 1.0            # global grad-norm clip
     max_steps: int = 60               # rollout steps
-    grad_checkpointing: Optional[bool] = None  # recompute activations; unset = decided by memory
+    recompute: str = "auto"           # activation recomputation: none, selective, full; auto = by memory
+    grad_checkpointing: Optional[bool] = None  # alias: on = --recompute full, off = --recompute none
+    compile_layers: Optional[bool] = None  # torch.compile each decoder layer; unset = where it measured faster
     share_prompt: Optional[bool] = None  # each prompt run once for its G samples; unset = where it pays
     train_dtype: str = "auto"         # compute dtype, fp32 master weights: auto = bf16 where native
     # --- engines, logging, checkpoints ---
@@ -162,6 +165,7 @@ def resolve_config(cfg):
     if cfg.rollout_dtype not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"unknown --rollout-dtype {cfg.rollout_dtype!r}; "
                          f"valid: auto, float32, bfloat16")
+    recompute = resolve_recompute(cfg)
     if cfg.wandb and importlib.util.find_spec("wandb") is None:
         raise ValueError(f"--wandb {cfg.wandb!r} needs the wandb package: pip install wandb")
     if not 0 < cfg.gpu_memory_utilization < 1:
@@ -198,25 +202,44 @@ def resolve_config(cfg):
         out_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + "-" + cfg.method)
     # the shared-prompt forward needs the prompt's KV cache, which HF drops under activation
     # checkpointing, and micro-batches of whole groups (unset: decide_grad_checkpointing)
-    if cfg.share_prompt and (cfg.grad_checkpointing or cfg.micro_batch_size % cfg.group_size):
-        raise ValueError(f"--share-prompt needs --no-grad-checkpointing (HF drops the KV cache "
-                         f"under checkpointing) and --micro-batch-size a multiple of --group-size; "
-                         f"got grad checkpointing {cfg.grad_checkpointing}, micro-batch "
+    if cfg.share_prompt and (recompute not in ("auto", "none") or cfg.micro_batch_size % cfg.group_size):
+        raise ValueError(f"--share-prompt needs --recompute none (HF drops the KV cache under "
+                         f"recomputation) and --micro-batch-size a multiple of --group-size; "
+                         f"got --recompute {recompute}, micro-batch "
                          f"{cfg.micro_batch_size}, group size {cfg.group_size}")
     # every default is decided here (checkpointing once the device is set), so config.json records
     # what ran, and a resumed run keeps it
     return method_defaults(dataclasses.replace(
-        cfg, model=model, data=task, out_dir=out_dir,
+        cfg, model=model, data=task, out_dir=out_dir, recompute=recompute,
+        grad_checkpointing=None if recompute == "auto" else recompute != "none",
         train_dtype=resolve_dtype(cfg.train_dtype), rollout_dtype=resolve_dtype(cfg.rollout_dtype)))
 
 
+# Fields added after runs were saved, with the value that reproduces such a run: a config.json
+# without the key was written by code that behaved so (a run from before packing existed was
+# padded; one from before --recompute has its resolved grad_checkpointing, the alias).
+SAVED_BEFORE = {"pack": False, "compile_layers": False, "recompute": "auto"}
+
+
+def saved_config(saved):
+    """The Config of a run's saved config.json (a dict): a field the run predates takes the value
+    that reproduces it (SAVED_BEFORE), never today's default; an unknown key is an error naming it."""
+    names = {f.name for f in dataclasses.fields(Config)}
+    unknown = sorted(set(saved) - names)
+    if unknown:
+        raise ValueError(f"saved config has unknown settings {', '.join(unknown)}")
+    return Config(**{**{k: v for k, v in SAVED_BEFORE.items() if k not in saved}, **saved})
+
+
 def decide_grad_checkpointing(cfg, device, prompt_lens=None):
-    """--grad-checkpointing unset: decided by memory (memory.grad_checkpointing_default), from the
+    """--recompute auto (and --grad-checkpointing unset): the cheapest recomputation the memory
+    model says fits (memory.recompute_default; without selective under compiled layers), from the
     memory free on this rank's device once it is set, the least over all ranks, so that every rank
     decides the same, and from the longest training prompt (`prompt_lens`, the token count of every
     training prompt; None: --max-prompt-len), not the longest allowed: GSM8K's chat prompts are
     ~100-250 tokens under a 512 limit. Then --share-prompt unset (`shares_prompt_pays`).
-    Then --pack unset (packed_attention.pack_default, off where the shared prompt is on).
+    Then --pack unset (packed_attention.pack_default, off where the shared prompt is on) and
+    --compile-layers unset (COMPILE_DEFAULT).
     Returns (cfg with the decisions, the free bytes it used, where they were read). Raises
     ValueError where --share-prompt would need checkpointing off. Needs the process group."""
     free, source = free_memory(device)
@@ -224,23 +247,38 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None):
     dist.all_reduce(free_t, op=dist.ReduceOp.MIN)
     free = int(free_t.item())
     longest = max(prompt_lens) if prompt_lens else None
-    recompute = cfg.grad_checkpointing
-    if recompute is None:
-        recompute = not update_fits(cfg, free, longest)
-        if cfg.share_prompt and recompute:
-            raise ValueError(f"--share-prompt needs --no-grad-checkpointing, and the update "
+    compiled = cfg.compile_layers if cfg.compile_layers is not None else compile_default(device)
+    recompute = resolve_recompute(dataclasses.replace(cfg, compile_layers=compiled))
+    if recompute == "auto":
+        fused = bool(cfg.pack if cfg.pack is not None else pack_default(device))
+        modes = ("none", "full") if compiled else ("none", "selective", "full")
+        recompute = recompute_default(AutoConfig.from_pretrained(cfg.model),
+                                      micro_batch_tokens(cfg, longest), dtype_bytes(cfg), free, modes,
+                                      fused_head=fused)
+        if cfg.share_prompt and recompute != "none":
+            raise ValueError(f"--share-prompt needs --recompute none, and the update "
                              f"(~{update_memory_gb(cfg, longest):.1f} GB) would not fit in half of "
                              f"the {free / 2**30:.1f} GB free on {device}: pass "
-                             f"--no-grad-checkpointing to run it anyway, or drop --share-prompt")
+                             f"--recompute none to run it anyway, or drop --share-prompt")
     share = cfg.share_prompt
     if share is None:
-        share = (not recompute and not cfg.pack
+        share = (recompute == "none" and not cfg.pack
                  and shares_prompt_pays(cfg, dist.get_world_size(), prompt_lens))
     # --pack unset: where it measured faster (packed_attention.PACK_DEFAULT), unless the shared
     # prompt, which it cannot combine with, was chosen as paying
     pack = cfg.pack if cfg.pack is not None else pack_default(device) and not share
-    return (dataclasses.replace(cfg, grad_checkpointing=recompute, share_prompt=share, pack=pack),
+    return (dataclasses.replace(cfg, recompute=recompute, grad_checkpointing=recompute != "none",
+                                compile_layers=compiled, share_prompt=share, pack=pack),
             free, source)
+
+
+# --compile-layers unset: on where compiled layers measured faster than eager ones (docs/gpu.md,
+# `make gpu-check`'s section pack); a CPU pays minutes of compilation for a short run
+COMPILE_DEFAULT = {}
+
+
+def compile_default(device):
+    return COMPILE_DEFAULT.get(torch.device(device).type, False)
 
 
 def shares_prompt_pays(cfg, world, prompt_lens):

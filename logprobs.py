@@ -232,14 +232,26 @@ def token_logprobs(logits, targets, *, chunk_size=64, with_entropy=False, temper
 # --- packed micro-batches: the rows' real tokens end to end, the LM head fused with the log-prob ---
 
 PACKED_FORWARD = "bandpo_packed_forward"  # the method enable_packing gives the model
+PACKED_KERNEL = "bandpo_packed_kernel"    # its attention kernel (packed_attention.KERNELS)
+HEAD_CHUNK = "bandpo_head_chunk"          # its fused head's rows per chunk (head_chunk_rows)
 
 
-def enable_packing(model):
+def head_chunk_rows(vocab, free_bytes, most=2048):
+    """Rows per chunk of the fused head: as many as keep a chunk's temporaries — about 12 bytes per
+    logit (the float32 block, its exp, the gradient's block in the weights' dtype) — within 1/16 of
+    the memory free, at most `most` (2048: the head's matmuls are then large enough to run at the
+    GPU's matmul rate; more only adds memory). A 152k vocabulary on an 80 GB GPU: 2048 rows, 3.7 GB."""
+    return int(max(1, min(most, free_bytes // 16 // (12 * vocab))))
+
+
+def enable_packing(model, kernel=None, chunk=None):
     """Let `model` (a Llama/Qwen2-style causal LM, FSDP2-sharded or not) run packed micro-batches:
     attention through machinery/packed_attention.py's implementation (which serves padded calls
     with transformers' SDPA as before), and `_packed_forward` as a method FSDP2 treats as a forward
     (register_fsdp_forward_method: the weights are gathered around it as around `forward`), so that
-    the LM head's weight can be read outside `forward`. Returns the model."""
+    the LM head's weight can be read outside `forward`. `kernel`: the packed attention kernel
+    (None: packed_attention.kernel_for the weights' device in bfloat16); `chunk`: the fused head's
+    rows per chunk (None: head_chunk_rows from the memory free now). Returns the model."""
     import types
 
     from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
@@ -253,6 +265,12 @@ def enable_packing(model):
         raise ValueError(f"{type(model).__name__}: the fused head computes logits = hidden @ "
                          f"W^T only (no bias, no soft-capping)")
     setattr(model, PACKED_FORWARD, types.MethodType(_packed_forward, model))
+    device = head.weight.device
+    setattr(model, PACKED_KERNEL, kernel or packed_attention.kernel_for(device))
+    if chunk is None:
+        from machinery.memory import free_memory
+        chunk = head_chunk_rows(head.weight.shape[0], free_memory(device)[0])
+    setattr(model, HEAD_CHUNK, int(chunk))
     if isinstance(model, FSDPModule):
         register_fsdp_forward_method(model, PACKED_FORWARD)
     return model
@@ -263,7 +281,7 @@ def packed_logprobs(model, input_ids, n_prompt, spans, temperature=1.0, with_ent
     """The same (logp (b, T), entropy (b, T) or None) as `sequence_logprobs` of one micro-batch,
     from a packed forward: the rows' real tokens (prompt + response, no padding) concatenated into
     one sequence (1, N), positions restarting at each row, attention confined to each row
-    (machinery/packed_attention.py; `kernel` None: the device's). The LM head runs on the response
+    (machinery/packed_attention.py; `kernel` None: the one enable_packing chose). The LM head runs on the response
     positions only and is fused with the log-prob (`_HeadLogprob`): no (N, V) logits, in any
     dtype. `model` needs enable_packing. Host work: index lists of N entries."""
     from machinery import packed_attention
@@ -281,12 +299,16 @@ def packed_logprobs(model, input_ids, n_prompt, spans, temperature=1.0, with_ent
         lengths.append(n)
         start += n
     dev = input_ids.device
-    ids = input_ids[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)]      # (N,)
-    src = torch.tensor(src, dtype=torch.long, device=dev)                                # (n_resp,)
-    packing = packed_attention.make_packing(lengths, dev, kernel)
+
+    def index(x):  # int64 even when empty (a micro-batch of empty responses has no positions)
+        return torch.tensor(x, dtype=torch.long, device=dev)
+
+    ids = input_ids[index(rows), index(cols)]                                            # (N,)
+    src = index(src)                                                                     # (n_resp,)
+    packing = packed_attention.make_packing(lengths, dev, kernel or getattr(model, PACKED_KERNEL))
     logp, ent = getattr(model, PACKED_FORWARD)(ids[None], torch.tensor([pos], device=dev), packing,
                                                src, ids[src + 1], temperature, with_entropy)
-    at = (torch.tensor(dst_row, device=dev), torch.tensor(dst_col, device=dev))
+    at = (index(dst_row), index(dst_col))
     out = [torch.zeros(b, T, dtype=logp.dtype, device=dev).index_put(at, x)             # (b, T)
            for x in ((logp, ent) if with_entropy else (logp,))]
     return out[0], out[1] if with_entropy else None
@@ -299,8 +321,8 @@ def _packed_forward(self, ids, position_ids, packing, src, targets, temperature,
     hidden = self.base_model(input_ids=ids, position_ids=position_ids, packing=packing,
                              use_cache=False).last_hidden_state                       # (1, N, h)
     weight = self.get_output_embeddings().weight                                        # (V, h)
-    chunk = max(1, 2**25 // weight.shape[0])  # rows per chunk: <= 2^25 logits (128 MB in fp32)
-    return _HeadLogprob.apply(hidden[0, src], weight, targets, chunk, with_entropy, temperature)
+    return _HeadLogprob.apply(hidden[0, src], weight, targets, getattr(self, HEAD_CHUNK),
+                              with_entropy, temperature)
 
 
 class _HeadLogprob(torch.autograd.Function):
@@ -308,8 +330,10 @@ class _HeadLogprob(torch.autograd.Function):
     (chunk, V) block of logits exists at a time, forward and backward, which recomputes the block
     instead of saving it (one more head matmul, ~1/3 of the head's FLOPs). The logits' block is
     upcast to float32 (float64 for a float64 model) before the softmax, as token_logprobs does;
-    the backward's logit gradient is rounded to the weights' dtype before its two matmuls, as
-    autograd through the unfused head would, and the weight's gradient is summed in float32."""
+    one exp over the block gives both the log-normaliser and the entropy. The backward's logit
+    gradient is rounded to the weights' dtype before its two matmuls, as autograd through the
+    unfused head would, and the weight's gradient is accumulated in float32 by one matmul-add per
+    chunk (`_add_matmul`)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk, with_entropy, temperature):
@@ -323,10 +347,13 @@ class _HeadLogprob(torch.autograd.Function):
             z = (hidden[s:s + chunk] @ weight.T).to(cdtype)                          # (c, V)
             if temperature != 1.0:
                 z = z / temperature
-            lse[s:s + chunk] = lse_c = torch.logsumexp(z, -1)                        # (c,)
+            top = z.amax(-1, keepdim=True)                                           # (c, 1)
+            e = torch.exp(z - top)                                                   # (c, V)
+            norm = e.sum(-1)                                                         # (c,)
+            lse[s:s + chunk] = lse_c = top[:, 0] + norm.log()                        # (c,)
             logp[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None])[:, 0] - lse_c
-            if with_entropy:
-                ent[s:s + chunk] = lse_c - (torch.exp(z - lse_c[:, None]) * z).sum(-1)
+            if with_entropy:  # H = lse − Σ p z, p = e / norm
+                ent[s:s + chunk] = lse_c - (e * z).sum(-1) / norm
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.chunk, ctx.temperature = chunk, temperature
         ctx.mark_non_differentiable(ent)
@@ -347,5 +374,21 @@ class _HeadLogprob(torch.autograd.Function):
             d.scatter_add_(-1, targets[s:s + c, None], g)                            # + g at y
             d = d.to(weight.dtype)                                                   # (c, V)
             grad_h[s:s + c] = d @ weight                                             # (c, h)
-            grad_w += (d.T @ hidden[s:s + c]).to(grad_w.dtype)                       # (V, h)
+            _add_matmul(grad_w, d.T, hidden[s:s + c])                                # (V, h)
         return grad_h, grad_w.to(weight.dtype), None, None, None, None
+
+
+def _add_matmul(acc, a, b):
+    """acc += a @ b, in acc's dtype, without an (m, n) temporary: addmm_ where the dtypes agree; for
+    bf16/fp16 operands into a float32 acc, cuBLAS's float32 output (`out_dtype`, CUDA, torch >= 2.8;
+    the product is accumulated in float32 either way); elsewhere (a CPU) the product rounded to
+    a's dtype is upcast and added, as autograd through the unfused head would."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    elif acc.is_cuda and _HAS_OUT_DTYPE:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc += (a @ b).to(acc.dtype)
+
+
+_HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 8)

@@ -30,6 +30,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import band
 import grpo
 from logprobs import enable_packing, packed_logprobs, sequence_logprobs
+from machinery import packed_attention
 
 
 # --- the model -----------------------------------------------------------------------------------
@@ -48,8 +49,9 @@ def build_model(cfg, device, trainable=True):
     rank 0 alone reads the checkpoint and set_model_state_dict(broadcast_from_rank0=True) sends each
     tensor to the others (loading the full fp32 model on every rank would cost a 7B model 28 GB per
     GPU). Non-persistent buffers (the rotary inverse frequencies) are in no checkpoint: they are
-    built for real and put back after to_empty. cfg.train_dtype and cfg.grad_checkpointing are
-    taken as train.resolve_config decided them."""
+    built for real and put back after to_empty. cfg.train_dtype, cfg.recompute and
+    cfg.compile_layers are taken as config.resolve_config and decide_grad_checkpointing decided
+    them."""
     if cfg.train_dtype not in ("float32", "bfloat16"):
         raise ValueError(f"build_model needs a resolved --train-dtype (float32 or bfloat16), "
                          f"got {cfg.train_dtype!r}")
@@ -59,8 +61,11 @@ def build_model(cfg, device, trainable=True):
     # from_config does not tie (from_pretrained would): lm_head = embed_tokens when configured
     model.tie_weights()
     buffers = {name: b.clone() for name, b in model.named_buffers()}
-    if trainable and cfg.grad_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    recompute = resolve_recompute(cfg)  # undecided (auto, as a Config built by hand): none
+    if trainable:
+        set_recompute(model, "none" if recompute == "auto" else recompute)
+        if cfg.compile_layers:
+            compile_layers(model)
     model.config.use_cache = False
     # bf16 compute (parameters cast when FSDP gathers them, bf16 activations and logits), fp32
     # master weights, AdamW state and gradient reduction, on GPU and on CPU alike
@@ -74,7 +79,7 @@ def build_model(cfg, device, trainable=True):
     # at the price of one more copy and cast per layer in the backward. A module that runs no
     # backward (the reference) is resharded after each pass (batch_logprobs, `reshard`). On N ranks
     # resharding is what saves the memory.
-    reshard = dist.get_world_size() > 1 or bool(trainable and cfg.grad_checkpointing)
+    reshard = dist.get_world_size() > 1 or (trainable and recompute not in ("auto", "none"))
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
@@ -91,9 +96,99 @@ def build_model(cfg, device, trainable=True):
         assert (model.get_output_embeddings().weight
                 is model.get_input_embeddings().weight), "lm_head lost its tie"
     if cfg.pack:  # packed micro-batches: the packed attention and the fused head (logprobs.py)
-        enable_packing(model)
+        enable_packing(model, packed_kernel(cfg, device))
     model.train(trainable)
     model.requires_grad_(trainable)
+    return model
+
+
+def packed_kernel(cfg, device):
+    """The packed attention kernel a run uses: what can run on `device` in its compute dtype."""
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.train_dtype]
+    return packed_attention.kernel_for(device, dtype)
+
+
+# --- recomputation and compiled layers -------------------------------------------------------------
+# Selective recomputation (torchtitan's op-level policy): keep what a matmul or an attention kernel
+# made, recompute the element-wise rest (norms, rotary, SwiGLU's product, residual adds), which is
+# memory-bound and cheap to redo. The attention ops are listed by name: not every torch has each.
+_SAVE_OPS = ["aten.mm.default", "aten.addmm.default", "aten.bmm.default",
+             "aten._scaled_dot_product_flash_attention.default",
+             "aten._scaled_dot_product_flash_attention_for_cpu.default",
+             "aten._scaled_dot_product_efficient_attention.default",
+             "aten._scaled_dot_product_cudnn_attention.default",
+             "aten._flash_attention_forward.default", "aten._efficient_attention_forward.default",
+             "aten._cudnn_attention_forward.default", "torch_attn._varlen_attn.default"]
+
+
+def _save_ops():
+    ops = set()
+    for name in _SAVE_OPS:
+        namespace, op, overload = name.split(".")
+        try:
+            ops.add(getattr(getattr(getattr(torch.ops, namespace), op), overload))
+        except (AttributeError, RuntimeError):  # not in this torch (or its library not loaded yet)
+            pass
+    try:
+        from torch._higher_order_ops.flex_attention import flex_attention
+        ops.add(flex_attention)
+    except ImportError:
+        pass
+    return ops
+
+
+RECOMPUTE = ("auto", "none", "selective", "full")
+
+
+def resolve_recompute(cfg):
+    """--recompute with its alias --grad-checkpointing (on = full, off = none) folded in: the alias
+    decides where --recompute is auto, and must agree with it otherwise. Raises ValueError naming
+    the values; compiled layers refuse selective recomputation (policy.compile_layers says why)."""
+    if cfg.recompute not in RECOMPUTE:
+        raise ValueError(f"unknown --recompute {cfg.recompute!r}; valid: {', '.join(RECOMPUTE)}")
+    mode = cfg.recompute
+    if cfg.grad_checkpointing is not None:
+        alias = "full" if cfg.grad_checkpointing else "none"
+        if mode == "auto":
+            mode = alias
+        elif (mode == "none") != (alias == "none"):
+            raise ValueError(f"--recompute {mode} contradicts --{'' if cfg.grad_checkpointing else 'no-'}"
+                             f"grad-checkpointing (an alias of --recompute {alias})")
+    if cfg.compile_layers and mode == "selective":
+        raise ValueError("--compile-layers with --recompute selective: a compiled layer already "
+                         "recomputes its element-wise ops (Inductor's partitioner); use --recompute "
+                         "none or full")
+    return mode
+
+
+def set_recompute(model, mode):
+    """Activation recomputation of each decoder layer in the backward (--recompute, resolved):
+    none keeps every activation; full keeps each layer's input and reruns the layer (a third more
+    FLOPs); selective keeps matmul and attention outputs and reruns only the element-wise ops
+    (`_SAVE_OPS`). Through transformers' gradient checkpointing, non-reentrant."""
+    if mode not in ("none", "full", "selective"):
+        raise ValueError(f"set_recompute needs none, full or selective, got {mode!r}")
+    if mode == "none":
+        model.gradient_checkpointing_disable()
+        return model
+    kwargs = {"use_reentrant": False}
+    if mode == "selective":
+        from functools import partial
+
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, list(_save_ops()))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return model
+
+
+def compile_layers(model):
+    """torch.compile each decoder layer in place (--compile-layers; torchtitan compiles per block):
+    Inductor fuses the element-wise ops around the matmuls (RMSNorm, rotary, SwiGLU, residuals),
+    and its partitioner already recomputes cheap ones in the backward, which is why config refuses
+    it with selective recomputation. Layers share one compiled graph (same code, weights as inputs);
+    a new micro-batch length recompiles once, then runs with dynamic shapes."""
+    for layer in model.model.layers:
+        layer.compile()
     return model
 
 

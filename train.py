@@ -47,14 +47,13 @@ import eval as evaluation
 import grpo
 import reward
 import rollout
-from machinery import packed_attention
 from machinery.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, prune_checkpoints,
                                   save_checkpoint)
-from config import (Config, decide_grad_checkpointing, method_defaults,  # noqa: F401 (re-exported)
-                    micro_batch_tokens, parse_config, resolve_config, update_fits, update_memory_gb)
+from config import (Config, decide_grad_checkpointing, method_defaults, micro_batch_tokens,  # noqa: F401
+                    parse_config, resolve_config, saved_config, update_fits, update_memory_gb)
 from logprobs import pack, sequence_logprobs
 from policy import (batch_logprobs, build_model, check_batch_shape,  # noqa: F401 (re-exported)
-                    make_optimizer, old_policy_sums, on_policy, reshard, update_policy)
+                    make_optimizer, old_policy_sums, on_policy, packed_kernel, reshard, update_policy)
 
 
 
@@ -227,7 +226,7 @@ def load_run_config(argv):
             saved = json.load(f)
         # a config saved when -1 meant "the method's eps" reads as unset
         saved.update({k: None for k in ("eps_low", "eps_high") if (saved.get(k) or 0) < 0})
-        own = method_defaults(Config(**saved))
+        own = method_defaults(saved_config(saved))
         cfg = dataclasses.replace(own, max_steps=cfg.max_steps, resume=cfg.resume,
                                   out_dir=cfg.out_dir,
                                   keep_checkpoints=cfg.keep_checkpoints or own.keep_checkpoints)
@@ -340,11 +339,12 @@ def main(argv=None):
     print0(f"run dir {cfg.out_dir} | {WORLD} rank(s) on {device.type} | "
            f"engine {type(engine).__name__} | method {cfg.method} delta {cfg.delta} | "
            f"{cfg.train_dtype} trainer, {cfg.rollout_dtype} engine (gap {gap:.1e} nats/token) | "
-           f"grad checkpointing {'on' if cfg.grad_checkpointing else 'off'} (update "
+           f"recompute {cfg.recompute} (update "
            f"~{update_memory_gb(cfg, max(map(len, prompt_ids))):.1f} GB without, "
            f"{free / 2**30:.0f} GB free on {device} per rank, least of {WORLD}, from "
            f"{free_source}) | shared prompt {'on' if cfg.share_prompt else 'off'} | packed rows "
-           f"{'on, ' + packed_attention.kernel_for(device) + ' attention' if cfg.pack else 'off'} | "
+           f"{'on, ' + packed_kernel(cfg, device) + ' attention' if cfg.pack else 'off'} | "
+           f"compiled layers {'on' if cfg.compile_layers else 'off'} | "
            f"peak RSS {peak_rss_gb():.1f} GB")
 
     if start_step == 0 and cfg.eval_every:

@@ -1,8 +1,8 @@
 """The memory a rank has, and what an update needs: the defaults that depend on them.
 
-Activation checkpointing (--grad-checkpointing unset) is decided from these: recomputation costs a
-third more FLOPs, so config.decide_grad_checkpointing turns it on only where the update would not
-fit in half of the memory free on the device (the least over all ranks). On a CPU the free memory
+Activation recomputation (--recompute auto) is decided from these: config.decide_grad_checkpointing
+takes the cheapest mode (none, selective, full) whose update fits in half of the memory free on
+the device (the least over all ranks). On a CPU the free memory
 is the host's (MemAvailable, or a portable source) bounded by the room under this process's
 cgroup memory limits: in a container MemAvailable reports the host's RAM, and a step sized from it
 is killed by the container's limit (measured: docs/benchmarks.md).
@@ -19,17 +19,27 @@ import torch
 
 
 # --- the estimate --------------------------------------------------------------------------------
-def update_memory(model_config, tokens, dtype_bytes):
-    """Bytes an update needs on one device without activation checkpointing, roughly: what each
-    decoder layer keeps for its backward, ~ (8 h + 4 i) values per token (the two norms, q k v,
-    attention output, residuals; gate, up, act(gate)·up), times layers and the micro-batch's tokens,
-    plus 16 bytes per parameter (fp32 weights, gradients and the two AdamW moments; sharding would
-    divide these, which the estimate ignores)."""
+def update_memory(model_config, tokens, dtype_bytes, recompute="none", fused_head=False):
+    """Bytes an update needs on one device, roughly, under `recompute` (policy.set_recompute):
+    what each decoder layer keeps for its backward, per token — none: ~ (8 h + 4 i) values (the two
+    norms, q k v, attention output, residuals; gate, up, act(gate)·up); selective: the matmul and
+    attention outputs and the layer's input, h + (h + 2 h_kv) + h + h + 2 i + h; full: the layer's
+    input, h, plus one layer's whole set while its backward runs — times layers and the
+    micro-batch's tokens, plus 16 bytes per parameter (fp32 weights, gradients and the two AdamW
+    moments; sharding would divide these, which the estimate ignores), plus, for the fused head of
+    packed micro-batches (logprobs._HeadLogprob), its float32 weight gradient (V x h) before it is
+    cast to the weights' dtype."""
     h, i, n = (model_config.hidden_size, model_config.intermediate_size,
                model_config.num_hidden_layers)
+    heads = model_config.num_attention_heads
+    h_kv = (getattr(model_config, "num_key_value_heads", None) or heads) * (
+        getattr(model_config, "head_dim", None) or h // heads)
     params = (model_config.vocab_size * h * (1 if model_config.tie_word_embeddings else 2)
               + n * (4 * h * h + 3 * h * i))
-    return tokens * n * (8 * h + 4 * i) * dtype_bytes + 16 * params
+    per_layer = {"none": n * (8 * h + 4 * i), "selective": n * (5 * h + 2 * h_kv + 2 * i),
+                 "full": n * h + 8 * h + 4 * i}[recompute]
+    head = 4 * model_config.vocab_size * h if fused_head else 0
+    return tokens * per_layer * dtype_bytes + 16 * params + head
 
 
 def grad_checkpointing_default(model_config, tokens, dtype_bytes, free_bytes):
@@ -38,6 +48,17 @@ def grad_checkpointing_default(model_config, tokens, dtype_bytes, free_bytes):
     third more FLOPs, so it is worth it only for memory. The tiny model never needs it; SmolLM2 on a
     24 GB CPU at the default shape does not."""
     return update_memory(model_config, tokens, dtype_bytes) > free_bytes / 2
+
+
+def recompute_default(model_config, tokens, dtype_bytes, free_bytes, modes=("none", "selective", "full"),
+                      fused_head=False):
+    """--recompute auto: the cheapest of `modes` (in the order of their FLOPs: none, then selective,
+    which reruns only element-wise ops, then full, a third more matmul FLOPs) whose update fits in
+    half the memory free on the device; full where none does."""
+    for mode in modes:
+        if update_memory(model_config, tokens, dtype_bytes, mode, fused_head) <= free_bytes / 2:
+            return mode
+    return "full"
 
 
 # --- the memory free ----------------------------------------------------------------------------

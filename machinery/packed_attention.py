@@ -9,11 +9,11 @@ Llama and Qwen2 models run packed without a fork of their code. A call without `
 padded path, the shared-prompt forward, a rollout check) gets transformers' own SDPA, mask
 included: one model serves both paths.
 
-The kernels, one per device (`KERNELS`; `kernel_for` chooses, the start-up line names it):
-- `varlen` (CUDA, where the pinned torch has `torch.nn.attention.varlen`): flash attention over
-  cumulative sequence lengths, causal, GQA without copies of k and v;
-- `flex` (CUDA without varlen; also runs on a CPU, where the tests check it): compiled
-  FlexAttention with a document mask built once per forward;
+The kernels (`KERNELS`; `choose_kernel` picks what can run, the start-up line names it):
+- `varlen` (CUDA sm80+ in bf16/fp16, where the pinned torch has `torch.nn.attention.varlen`):
+  flash attention over cumulative sequence lengths, causal, GQA without copies of k and v;
+- `flex` (CUDA otherwise: float32, or before sm80; also runs on a CPU, where the tests check it):
+  compiled FlexAttention with a document mask built once per forward;
 - `sdpa-rows` (CPU): causal SDPA on each row's slice of the packed tokens. Measured on a 2-core
   CPU in bf16 (8 rows of 30-300 tokens, 9 heads x 64): 3.2 ms, against 13.2 ms for padded SDPA with
   a mask, 13.8 ms for one block-diagonal mask and 10.3 ms for compiled FlexAttention.
@@ -33,8 +33,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 NAME = "bandpo_packed"  # the attention implementation a packed model is built with
 
 # --pack unset: packing on where it measured faster than token budgets (docs/benchmarks.md, the
-# packed update). On CUDA it has not run yet: `make gpu-check` measures it (section pack).
-PACK_DEFAULT = {"cpu": True}
+# packed update; on CUDA `make gpu-check`'s section pack, docs/gpu.md).
+PACK_DEFAULT = {"cpu": True, "cuda": True}
 
 
 def pack_default(device):
@@ -52,16 +52,34 @@ class Packing:
     block_mask: Optional[object] = None  # flex only: the document mask, built once per forward
 
 
-def kernel_for(device):
-    """The packed kernel of this device: varlen on CUDA where torch has it, else flex; sdpa-rows on
-    a CPU (torch's varlen kernel is CUDA-only)."""
-    if torch.device(device).type != "cuda":
+def choose_kernel(device_type, capability=None, dtype=torch.bfloat16, has_varlen=None):
+    """The packed kernel that can run here, from what decides it: the device type, its compute
+    capability ((major, minor), CUDA only) and the attention's dtype. torch's varlen attention is
+    FlashAttention-2, which takes only fp16/bf16 on sm80 or newer; elsewhere on CUDA FlexAttention
+    (Triton: fp16/bf16/fp32, sm70 or newer); anything else, a CPU included, runs SDPA row by row.
+    has_varlen: whether this torch has torch.nn.attention.varlen (None: look)."""
+    if device_type != "cuda":
         return "sdpa-rows"
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    if has_varlen is None:
+        try:
+            from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+            has_varlen = True
+        except ImportError:
+            has_varlen = False
+    cap = tuple(capability or (0, 0))
+    if has_varlen and dtype in (torch.float16, torch.bfloat16) and cap >= (8, 0):
         return "varlen"
-    except ImportError:
+    if dtype in (torch.float16, torch.bfloat16, torch.float32) and cap >= (7, 0):
         return "flex"
+    return "sdpa-rows"
+
+
+def kernel_for(device, dtype=torch.bfloat16):
+    """The packed kernel of this device for attention in `dtype` (the training compute dtype):
+    `choose_kernel` with the device's own capability."""
+    device = torch.device(device)
+    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return choose_kernel(device.type, cap, dtype)
 
 
 def make_packing(lengths, device, kernel=None):
@@ -81,6 +99,7 @@ def make_packing(lengths, device, kernel=None):
 
 
 # --- the kernels: q (1, H, N, D), k and v (1, Hkv, N, D) -> (1, N, H, D) -------------------------
+@torch.compiler.disable  # a loop over the rows' host-side bounds: left out of a compiled layer
 def _sdpa_rows(q, k, v, packing, scale):
     gqa = q.shape[1] != k.shape[1]
     out = [F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True,

@@ -49,6 +49,10 @@ SCENARIOS = {
     "pack-kl-is": dict(pack=True, micro_batch_tokens=BUDGET, kl_coef=0.5,
                        rollout_is="sequence-truncate"),
     "bf16-pack": dict(train_dtype="bfloat16", pack=True, micro_batch_tokens=BUDGET),
+    # recomputation and compiled layers change what the backward runs, never what it computes
+    "pack-selective": dict(pack=True, micro_batch_tokens=BUDGET, recompute="selective"),
+    "pack-full": dict(pack=True, micro_batch_tokens=BUDGET, recompute="full"),
+    "pack-compiled": dict(pack=True, micro_batch_tokens=BUDGET, compile_layers=True),
 }
 # π_old straight from the trainer's pass: the first mini-batch's ratio must then be exactly 1
 EXACT_OLD = {"bf16-budget", "bf16-pack"}

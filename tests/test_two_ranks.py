@@ -5,7 +5,7 @@ tests/fsdp_step.py runs each scenario (one rollout's updates, 2 mini-batches) on
 model under `torchrun` with gloo on CPU, with 1 rank and with 2, on the same 16 rows: token budgets
 that plan different micro-batch counts on the two ranks (rank 0's responses are 1-2 tokens, rank
 1's 8-10), --share-prompt, the sequence-level rollout corrections, --old-logp engine, the KL term,
-bf16 compute and a resume. The normalisers are the whole mini-batch's, so the update must not
+bf16 compute, a resume, packed micro-batches with selective recomputation and with compiled layers. The normalisers are the whole mini-batch's, so the update must not
 depend on how rows fall into ranks and micro-batches: the weights after it agree to float32
 rounding. A run that hangs (ranks running different numbers of collectives) fails at the guard.
 """
@@ -22,7 +22,7 @@ import rollout
 
 U32 = torch.finfo(torch.float32).eps / 2  # float32 unit roundoff
 NAMES = ["budget", "share-prompt", "sequence-truncate", "sequence-mask", "engine", "kl", "resume",
-         "pack-budget", "pack-kl-is"]
+         "pack-budget", "pack-kl-is", "pack-selective", "pack-compiled"]
 BF16 = ["bf16", "bf16-budget", "bf16-pack"]
 
 
@@ -186,3 +186,14 @@ def test_bf16_packed_first_ratio_exactly_one(runs):
     through the same kernels, so the first mini-batch's ratio is exactly 1, on 1 and 2 ranks."""
     for n in (1, 2):
         assert runs[n]["bf16-pack"]["metrics"]["ratio/first_abs_dev"] == 0.0, n
+
+
+def test_packed_recompute_and_compiled_layers_equal_one_rank_and_padded(runs):
+    """--recompute selective and --compile-layers change what the backward runs, not what it
+    computes: each packed update on 2 ranks equals 1 rank's and the padded row micro-batches'
+    ("budget"), within the same float32 summation-order bound (Inductor's fused kernels reorder
+    the element-wise sums, an error of the same kind)."""
+    for name in ("pack-selective", "pack-compiled"):
+        for n in (1, 2):
+            assert_same_update(runs[1]["budget"]["weights"], runs[n][name]["weights"])
+        assert_same_update(runs[1][name]["weights"], runs[2][name]["weights"])

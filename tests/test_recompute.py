@@ -1,0 +1,278 @@
+"""What the packed update's speed levers may change and what they must not: the packed kernel chosen
+by what can run (device, capability, dtype), activation recomputation (--recompute none, selective,
+full), compiled decoder layers (--compile-layers), the fused head's float32 weight gradient, the
+memory model that picks a recomputation, and a run saved before these settings existed. Every
+check compares against the padded path, a float64 computation, an op count or a hand computation.
+Two ranks: tests/test_two_ranks.py (pack-selective, pack-compiled).
+"""
+import dataclasses
+import json
+import shutil
+import types
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
+
+import config
+import logprobs
+import policy
+import rollout
+import train
+from logprobs import enable_packing, packed_logprobs, sequence_logprobs
+from machinery import memory, packed_attention
+from test_pack import SPANS, U32, U64, rows
+
+BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
+
+
+# --- the packed kernel: what can run ---------------------------------------------------------------
+@pytest.mark.parametrize("device,cap,dtype,has_varlen,want", [
+    ("cpu", None, BF16, True, "sdpa-rows"),           # varlen and Triton are CUDA-only
+    ("cuda", (9, 0), BF16, True, "varlen"),           # H100/H200
+    ("cuda", (8, 0), FP16, True, "varlen"),           # A100
+    ("cuda", (9, 0), FP32, True, "flex"),             # FlashAttention-2 takes no float32
+    ("cuda", (9, 0), BF16, False, "flex"),            # a torch without torch.nn.attention.varlen
+    ("cuda", (7, 5), FP16, True, "flex"),             # T4: FlashAttention-2 needs sm80
+    ("cuda", (7, 0), BF16, True, "flex"),             # V100
+    ("cuda", (6, 1), FP16, True, "sdpa-rows"),        # Pascal: below Triton's sm70
+    ("cuda", (9, 0), FP64, True, "sdpa-rows"),        # float64: neither kernel
+])
+def test_kernel_chosen_by_what_can_run(device, cap, dtype, has_varlen, want):
+    """FlashAttention-2 (torch's varlen attention) runs fp16/bf16 on sm80+; FlexAttention (Triton)
+    fp16/bf16/fp32 on sm70+; SDPA per row anything else."""
+    assert packed_attention.choose_kernel(device, cap, dtype, has_varlen) == want
+
+
+# --- recomputation ---------------------------------------------------------------------------------
+def tiny(tied=False, gqa=False, dtype=FP64):
+    """The embedded tiny model, or a Qwen2-shaped one with grouped-query heads and q/k/v biases (4
+    query heads, 2 key/value heads), random init, with packing enabled."""
+    torch.manual_seed(0)
+    if gqa:
+        conf = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                           tie_word_embeddings=tied, max_position_embeddings=128)
+    else:
+        conf = AutoConfig.from_pretrained(rollout.DEFAULT_MODEL, tie_word_embeddings=tied)
+    model = AutoModelForCausalLM.from_config(conf, dtype=dtype)
+    model.tie_weights()
+    return enable_packing(model, "sdpa-rows")
+
+
+class CountMM(TorchDispatchMode):
+    """Counts the matmuls dispatched while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+                           torch.ops.aten.bmm.default)
+        return func(*args, **(kwargs or {}))
+
+
+def backward_matmuls(mode):
+    """(matmuls in the backward, in the forward) of the packed tiny model under `mode`."""
+    model = policy.set_recompute(tiny(), mode)
+    model.train()
+    ids, _, P = rows()
+    with CountMM() as fwd:
+        logp, _ = packed_logprobs(model, ids, P, SPANS)
+    with CountMM() as bwd:
+        logp.sum().backward()
+    return bwd.n, fwd.n
+
+
+def test_selective_recomputes_no_matmul_and_full_recomputes_every_layer():
+    """A backward without recomputation runs its matmuls' gradients only; full recomputation reruns
+    every decoder layer's forward matmuls as well: q, k, v, o, gate, up — not down, whose output no
+    gradient needs (torch's non-reentrant checkpoint stops the rerun once the last tensor the
+    backward needs exists), 6 per layer; selective keeps their outputs, so its backward runs
+    exactly as many matmuls as without."""
+    none, fwd = backward_matmuls("none")
+    selective, _ = backward_matmuls("selective")
+    full, _ = backward_matmuls("full")
+    layers = AutoConfig.from_pretrained(rollout.DEFAULT_MODEL).num_hidden_layers
+    assert selective == none
+    assert full == none + 6 * layers
+    assert fwd >= 7 * layers
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+@pytest.mark.parametrize("tied,gqa", [(False, False), (True, False), (False, True)])
+def test_packed_recomputed_equals_padded_float64(mode, tied, gqa):
+    """Log-probs and gradients of Σ w·logp, packed under `mode` against padded without
+    recomputation, float64, tied and untied, and a grouped-query model with biases: the same sums in
+    other orders, tests/test_pack.py's bound 4 * 64 * 40 u."""
+    ids, attn, P = rows()
+    w = torch.randn(len(SPANS), ids.shape[1] - P, generator=torch.Generator().manual_seed(1))
+    out = []
+    for packed in (False, True):
+        model = policy.set_recompute(tiny(tied, gqa), mode if packed else "none")
+        model.train()
+        logp, _ = (packed_logprobs(model, ids, P, SPANS, 0.7) if packed else
+                   sequence_logprobs(model, ids, attn, P, 4, 0.7, False, SPANS))    # (B, T)
+        (w * logp).sum().backward()
+        out.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    tol = 4 * 64 * 40 * U64
+    assert torch.allclose(out[1][0], out[0][0], rtol=0, atol=tol)
+    for name, g in out[0][1].items():
+        assert torch.allclose(out[1][1][name], g, rtol=0, atol=tol * g.abs().max()), name
+
+
+@pytest.mark.parametrize("tied,gqa", [(False, False), (True, False), (False, True)])
+def test_compiled_layers_packed_equal_padded_float32(tied, gqa):
+    """--compile-layers: each decoder layer compiled by Inductor, packed, against the eager padded
+    path, float32. Fused kernels sum in other orders: the same bound as two eager orders, 4 * 64 *
+    40 u, gradients relative to their scale."""
+    ids, attn, P = rows()
+    w = torch.randn(len(SPANS), ids.shape[1] - P, generator=torch.Generator().manual_seed(1))
+    out = []
+    for packed in (False, True):
+        model = tiny(tied, gqa, FP32)
+        if packed:
+            policy.compile_layers(model)
+        model.train()
+        logp, _ = (packed_logprobs(model, ids, P, SPANS, 0.7) if packed else
+                   sequence_logprobs(model, ids, attn, P, 4, 0.7, False, SPANS))    # (B, T)
+        (w * logp).sum().backward()
+        out.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    tol = 4 * 64 * 40 * U32
+    assert torch.allclose(out[1][0], out[0][0], rtol=0, atol=tol)
+    for name, g in out[0][1].items():
+        assert torch.allclose(out[1][1][name], g, rtol=0, atol=tol * g.abs().max()), name
+
+
+def test_recompute_flags_resolve_and_refuse_contradictions():
+    """--grad-checkpointing is an alias of --recompute full, --no-grad-checkpointing of none; a
+    contradiction, an unknown mode and selective under compiled layers are refused by name."""
+    def resolved(**kw):
+        return train.resolve_config(train.Config(**kw))
+    assert resolved(grad_checkpointing=True).recompute == "full"
+    assert resolved(grad_checkpointing=False).recompute == "none"
+    assert resolved(recompute="selective", grad_checkpointing=True).recompute == "selective"
+    assert resolved().recompute == "auto"
+    with pytest.raises(ValueError, match="--recompute none contradicts --grad-checkpointing"):
+        resolved(recompute="none", grad_checkpointing=True)
+    with pytest.raises(ValueError, match="unknown --recompute 'some'"):
+        resolved(recompute="some")
+    with pytest.raises(ValueError, match="--compile-layers with --recompute selective"):
+        resolved(recompute="selective", compile_layers=True)
+    with pytest.raises(ValueError, match="--share-prompt needs --recompute none"):
+        resolved(recompute="full", share_prompt=True)
+    assert train.parse_config(["--recompute", "selective", "--compile-layers"]).compile_layers
+
+
+# --- the memory model ------------------------------------------------------------------------------
+def test_memory_model_by_hand_and_auto_picks_the_cheapest_that_fits():
+    """h 8, i 16, 2 layers, 4 heads of 2 with 2 key/value heads (h_kv 4), V 10, untied, 100 tokens,
+    2 bytes: params 10·8·2 + 2 (4·64 + 3·8·16) = 1440 (16 bytes each: 23040); per token kept —
+    none 2 (64 + 64) = 256, selective 2 (40 + 8 + 32) = 160, full 2·8 + 64 + 64 = 144 values —
+    times 100 tokens and 2 bytes; the fused head adds 4·10·8 = 320 bytes."""
+    conf = types.SimpleNamespace(hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=10,
+                                 tie_word_embeddings=False)
+    want = {"none": 256 * 200 + 23040, "selective": 160 * 200 + 23040, "full": 144 * 200 + 23040}
+    for mode, b in want.items():
+        assert memory.update_memory(conf, 100, 2, mode) == b
+        assert memory.update_memory(conf, 100, 2, mode, fused_head=True) == b + 320
+    assert memory.recompute_default(conf, 100, 2, 2 * want["none"]) == "none"
+    assert memory.recompute_default(conf, 100, 2, 2 * want["none"] - 1) == "selective"
+    assert memory.recompute_default(conf, 100, 2, 2 * want["selective"] - 1) == "full"
+    assert memory.recompute_default(conf, 100, 2, 2 * want["none"] - 1, ("none", "full")) == "full"
+    # the head's buffer counts: a budget that fits the update without it does not with it
+    assert memory.recompute_default(conf, 100, 2, 2 * want["none"], fused_head=True) == "selective"
+
+
+def test_auto_recompute_decided_by_memory(group):
+    """--recompute auto on the tiny model: none with a CPU's memory (decide_grad_checkpointing)."""
+    cfg = train.resolve_config(train.Config())
+    decided = train.decide_grad_checkpointing(cfg, torch.device("cpu"), [8] * 4)[0]
+    assert decided.recompute == "none" and decided.grad_checkpointing is False
+    assert decided.compile_layers is False  # no measured default on a CPU
+
+
+# --- the fused head -------------------------------------------------------------------------------
+def head_grads(h, wt, y, chunk, temperature=0.7):
+    hh, ww = h.clone().requires_grad_(), wt.clone().requires_grad_()
+    logp, _ = logprobs._HeadLogprob.apply(hh, ww, y, chunk, False, temperature)
+    logp.sum().backward()
+    return logp.detach(), hh.grad, ww.grad
+
+
+def reference_grads(h, wt, y, temperature=0.7):
+    """float64 autograd through the unfused head: log_softmax(h W^T / T)[y]."""
+    hh, ww = h.double().requires_grad_(), wt.double().requires_grad_()
+    logp = torch.log_softmax(hh @ ww.T / temperature, -1).gather(-1, y[:, None])[:, 0]
+    logp.sum().backward()
+    return logp.detach(), hh.grad, ww.grad
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_fused_head_float32_against_float64(chunk):
+    """The fused head in float32 (chunks of 1, 5, 64 rows; the weight gradient accumulated over
+    chunks) against float64 autograd through the unfused head. A logit z = h·w/T of length-d dot
+    products errs by <= d u |h||w|/T; a log-prob by twice the largest logit error; a gradient entry
+    sums n rows of products of softmax-weighted terms, each exact to ~(d + 2) u relative: bound
+    4 (d + n) u times the gradient's scale."""
+    g = torch.Generator().manual_seed(3)
+    n, d, V = 40, 16, 50
+    h, wt = torch.randn(n, d, generator=g), torch.randn(V, d, generator=g) / 4
+    y = torch.randint(0, V, (n,), generator=g)
+    got, want = head_grads(h, wt, y, chunk), reference_grads(h, wt, y)
+    zerr = d * U32 * (h.abs() @ wt.abs().T).max().item() / 0.7
+    assert torch.allclose(got[0].double(), want[0], rtol=0, atol=4 * zerr)
+    for a, b in zip(got[1:], want[1:]):
+        assert torch.allclose(a.double(), b, rtol=0, atol=4 * (d + n) * U32 * b.abs().max()
+                              + 4 * zerr * b.abs().max())
+
+
+@pytest.mark.gpu
+def test_fused_head_bf16_cuda_weight_gradient_in_float32():
+    """bf16 on CUDA, where the weight gradient is accumulated by cuBLAS with a float32 output: its
+    error against float64 is at most twice that of autograd through the unfused bf16 head (whose
+    gradient is one bf16 matmul, rounded once to bf16 — ours is rounded once at the end)."""
+    g = torch.Generator().manual_seed(4)
+    n, d, V = 3000, 64, 5000
+    h = torch.randn(n, d, generator=g).cuda().to(BF16)
+    wt = (torch.randn(V, d, generator=g) / 8).cuda().to(BF16)
+    y = torch.randint(0, V, (n,), generator=g).cuda()
+    _, _, gw = head_grads(h, wt, y, 1024)
+    ww = wt.clone().requires_grad_()
+    torch.log_softmax((h @ ww.T).float() / 0.7, -1).gather(-1, y[:, None]).sum().backward()
+    _, _, ref = reference_grads(h, wt, y)
+    assert (gw.double() - ref).abs().max() <= 2 * (ww.grad.double() - ref).abs().max()
+
+
+# --- defects of the packed path -------------------------------------------------------------------
+def test_packed_micro_batch_of_empty_responses_equals_padded():
+    """A micro-batch whose responses are all empty (rows of a batch whose other rows have some) has
+    no response position: log-probs 0 and a backward that carries nothing, as the padded path (an
+    empty index list once became float32: IndexError)."""
+    spans = [(3, 0), (5, 0), (2, 4)]
+    ids, attn, P = rows(spans)
+    model = tiny()
+    logp, _ = packed_logprobs(model, ids[:2], P, spans[:2])                          # (2, T)
+    padded, _ = sequence_logprobs(model, ids[:2], attn[:2], P, 2, 1.0, False, spans[:2])
+    assert logp.shape == padded.shape == (2, 4) and (logp == 0).all() and (padded == 0).all()
+    logp.sum().backward()
+
+
+def test_run_saved_before_packing_resumes_padded(tmp_path):
+    """A run saved before --pack, --recompute and --compile-layers existed (a committed coin run's
+    config.json, without those keys) resumes as it ran: padded, its grad checkpointing as
+    recomputation, eager layers — not today's defaults (packing is on by default on a CPU)."""
+    saved = json.load(open("experiments/results/random-toy/runs/clip-d0.05-s8/config.json"))
+    assert not {"pack", "recompute", "compile_layers"} & set(saved)
+    run = tmp_path / "run"
+    run.mkdir()
+    saved["model"] = rollout.DEFAULT_MODEL
+    (run / "config.json").write_text(json.dumps(saved))
+    cfg = train.load_run_config(["--resume", str(run), "--max-steps", "301"])
+    assert cfg.pack is False and cfg.compile_layers is False
+    assert policy.resolve_recompute(cfg) == ("full" if saved["grad_checkpointing"] else "none")
+    with pytest.raises(ValueError, match="unknown settings bogus"):
+        config.saved_config({**saved, "bogus": 1})
