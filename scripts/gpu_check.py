@@ -52,10 +52,10 @@ FAST = ["--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", 
 SMOLLM2_FLAGS = ["--data", "arithmetic-instruct:1,3", "--prompts-per-step", "8", "--group-size", "8",
                  "--mini-batch-prompts", "4", "--micro-batch-size", "16", "--max-new-tokens", "32",
                  "--max-prompt-len", "64", "--lr", "2e-5", "--no-grad-checkpointing", "--share-prompt"]
-# Seconds per section. Full: the five core budgets sum to 350 s, so with the start (wheels, machine: < 10 s) a default
-# run ends within 6 minutes on one H100; each is about 1.5x what the section took on an H100/H200 from a cold
-# process (docs/gpu.md). The vLLM budgets are the vLLM runs' measured times plus a margin. Quick: hang guards.
-BUDGETS = {"full": dict(tests=50, pack=130, update=40, band=60, train=70,
+# Seconds per section. Full: the five core budgets sum to 350 s, so with the start (wheels, machine: a few seconds) a
+# default run ends within 6 minutes on one H100; each is 1.2-1.35x what the section took on an H200 from a cold
+# process (274 s for the five, docs/gpu.md). The vLLM budgets: their H100 times plus a margin. Quick: hang guards.
+BUDGETS = {"full": dict(tests=45, pack=120, update=40, band=65, train=80,
                         sleep=90, vllm=120, train_vllm=150, smollm2=210),
            "quick": {name: 300 for name in CORE + VLLM}}
 # pack: (budget, recompute, compiled layers) after the padded token budget; train: (steps of the first run, of the
@@ -65,7 +65,7 @@ SIZES = {
                  train=(8, 12, 4, ["--pack", "--eval-prompts", "32"]), train_vllm=(10, 15, 5, []),
                  update=dict(model=QWEN25_1_5B, B=8, P=256, T=4096, micro=4, iters=3),
                  pack=dict(model=QWEN25_1_5B, rows=32, P=256, T=4096, padded=16384,
-                           packed=[(32768, "full", False), (32768, "selective", False), (8192, "none", False),
+                           packed=[(32768, "full", False), (16384, "selective", False), (8192, "none", False),
                                    (8192, "none", True)]),
                  vllm=dict(prompts=16, n=8, tokens=32, lr=1e-3),
                  engines=dict(model=SMOLLM2, steps=6, flags=SMOLLM2_FLAGS)),
@@ -73,7 +73,7 @@ SIZES = {
                   train=(1, 2, 1, ["--pack", *FAST]), train_vllm=(1, 2, 1, FAST),
                   update=dict(model=TOY_QWEN, B=4, P=16, T=64, micro=2, iters=2),
                   pack=dict(model=TOY_QWEN, rows=8, P=16, T=64, padded=160,
-                            packed=[(320, "full", False), (320, "selective", False), (80, "none", False),
+                            packed=[(320, "full", False), (160, "selective", False), (80, "none", False),
                                     (80, "none", True)]),
                   vllm=dict(prompts=4, n=4, tokens=12, lr=1e-3),
                   engines=dict(model=TINY, steps=1, flags=FAST)),
@@ -278,7 +278,8 @@ def main():
         gpu = torch.cuda.get_device_properties(0)
         machine.update(gpu=gpu.name, gpu_memory_gb=round(gpu.total_memory / 2**30, 1), sm=f"{gpu.major}.{gpu.minor}",
                        bf16_peak_tflops=common.bf16_peak_tflops(gpu.name) or "unknown")
-    report = {"command": " ".join(["scripts/gpu_check.py", *sys.argv[1:]]), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    report = {"command": " ".join(["scripts/gpu_check.py", *sys.argv[1:]]),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"),
               "machine": machine, "wheels": wheels, "staged": staged, "deadline_s": deadline, "sections": {}}
     names = [n for n in (only or CORE + VLLM) if n not in skip]
     has_vllm = importlib.util.find_spec("vllm") is not None

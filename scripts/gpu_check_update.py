@@ -7,7 +7,6 @@ import inspect
 import math
 import resource
 import sys
-import time
 
 import torch
 
@@ -67,8 +66,10 @@ def section_pack(args, size, out):
     another on the same weights and batch: padded rows in a token budget (the reference path) with full
     recomputation, then packed budgets with full, selective and no recomputation and with compiled layers
     (SIZES["pack"]). Each: the second of two updates timed (the first warms up; compiled, it compiles: compile_s),
-    real tokens/s, MFU on real tokens with its FLOP formula, peak memory, the summed loss, the gradient's distance to
-    a wider-precision reference, the packed kernel's calls (counted where it is called, eager settings only).
+    real tokens/s, MFU on real tokens with its FLOP formula, peak memory (the allocator's peak above what the check
+    itself held when the setting began: the weights it copies from and the reference's gradient, 11.5 GiB at the
+    1.5B shape), the summed loss, the gradient's distance to a wider-precision reference, the packed kernel's calls
+    (counted where it is called, eager settings only).
 
     Agreement, derived. With π_old taken from the update's own forward the ratio is exactly 1, so the summed loss is
     -Σ_i A_i / R (seq-mean-token-mean) in every setting, computed in float32 (the log-probs are float32 in both paths)
@@ -134,6 +135,7 @@ def section_pack(args, size, out):
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
+                held = torch.cuda.memory_allocated(device)  # the check's own: weights to copy, reference gradient
             model = sharded_copy(conf, state, device, param_dtype, recompute, compiled, kernel)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the weights stay: one model for all
             kept = {}
@@ -148,7 +150,7 @@ def section_pack(args, size, out):
             rec.update(update_s=round(t, 3), first_update_s=round(times[0], 3), real_tokens_per_s=round(real / t, 1),
                        mfu_real=mfu(flops, t, peak), loss=float(sums["sum_loss"]), grad_norm=float(grad_norm),
                        skipped_updates=skipped,
-                       peak_memory_gib=round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+                       peak_memory_gib=round((torch.cuda.max_memory_allocated(device) - held) / 2**30, 2)
                        if device.type == "cuda" else None)
             if compiled:
                 rec["compile_s"] = round(times[0] - t, 2)  # the first update's extra time
@@ -159,7 +161,8 @@ def section_pack(args, size, out):
             if key == "reference":
                 ref_grad.update(kept)
             elif ref_grad:
-                diff = math.sqrt(sum(float((kept[n].double() - g.double()).square().sum()) for n, g in ref_grad.items()))
+                diff = math.sqrt(sum(float((kept[n].double() - g.double()).square().sum())
+                                     for n, g in ref_grad.items()))
                 rec["grad_rel_err"] = diff / math.sqrt(sum(float(g.double().square().sum()) for g in ref_grad.values()))
         except torch.OutOfMemoryError:
             rec = "oom"
@@ -282,7 +285,8 @@ def section_update(args, size, out):
             "recompute": "full", "shape": {"rows": B, "prompt": P, "response": T, "micro_batch": micro},
             "update_s": round(update_s, 3), "old_logprob_pass_s": round(logp_s, 3),
             "response_tokens_per_s": round(B * T / update_s, 1), "all_tokens_per_s": round(B * (P + T) / update_s, 1),
-            "flops_formula": formula, "model_tflops_per_update": flops / 1e12, "achieved_tflops": flops / update_s / 1e12,
+            "flops_formula": formula, "model_tflops_per_update": flops / 1e12,
+            "achieved_tflops": flops / update_s / 1e12,
             "mfu": mfu(flops, update_s, peak), "peak_tflops": peak or f"unknown: no dense bf16 peak known for {name!r}",
             "peak_memory_gb": round(peak_gb, 2), "skipped_updates": skipped, "first_ratio_abs_dev": first,
             "logprob_memory": memory}

@@ -94,7 +94,7 @@ def test_packed_section_runs_every_setting_and_the_same_update(report):
     FLOP formula says how the tied embedding was counted."""
     sec = report["sections"]["pack"]
     assert sec["attention_kernel"] == "sdpa-rows" and sec["attention_kernel_calls"] > 0
-    assert sec["settings"] == ["token_budget_160", "packed_320", "packed_320_selective", "packed_80_none",
+    assert sec["settings"] == ["token_budget_160", "packed_320", "packed_160_selective", "packed_80_none",
                                "packed_80_none_compiled"]
     assert sec["agreement"]["ok"] and sec["agreement"]["loss_max_dev"] <= sec["agreement"]["loss_bound"]
     for k in sec["settings"]:
@@ -222,7 +222,8 @@ def test_staged_packages_reach_the_subprocesses_a_library_spawns(tmp_path):
     machine, where vLLM exists only as a staged folder, that subprocess could not import it), and the check's own
     subprocesses (run_cmd: pytest, torchrun)."""
     probe = "import sys; print(sys.argv[1] in sys.path)"
-    code = ("import subprocess, sys; sys.path.insert(0, 'scripts'); import gpu_common; gpu_common.add_path(sys.argv[1]);"
+    code = ("import subprocess, sys; sys.path.insert(0, 'scripts'); import gpu_common;"
+            " gpu_common.add_path(sys.argv[1]);"
             f" print(subprocess.run([sys.executable, '-c', {probe!r}, sys.argv[1]], capture_output=True, text=True,"
             " check=True).stdout.strip());"
             f" print(gpu_common.run_cmd([sys.executable, '-c', {probe!r}, sys.argv[1]])[1].strip())")
