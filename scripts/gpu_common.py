@@ -115,7 +115,7 @@ def descendants(pid):
     return out
 
 
-def kill_tree(proc, grace=10.0):
+def kill_tree(proc, grace=5.0):
     """Stop a Popen and everything it started, found before any of them dies (torchrun's workers and vLLM's engine
     run in sessions of their own, and an orphan would keep the GPU): SIGTERM, then SIGKILL after `grace` seconds."""
     pids = descendants(proc.pid)
