@@ -59,7 +59,7 @@ from machinery.checkpoint import latest_checkpoint, load_checkpoint, prune_check
 
 ARMS = ("clip", "noclip", "bandkl", "clip-upper", "clip-higher", "clip-lower",
         "noclip-matched")  # the protocol's arms
-MATCHED_LR = 0.75  # noclip-matched's lr factor f, fixed from a pilot (experiments/results/drift-toy/plan.md)
+MATCHED_LR = 0.76  # noclip-matched's lr factor f, fixed from a pilot (experiments/results/drift-toy/plan.md)
 PROBE_SEED_OFFSET = 1 << 41  # probe sampling seeds never meet a rollout's or an evaluation's (1 << 40)
 P_EDGES = (0.0, 0.05, 0.2, 0.5, 0.8, 1.0)  # anatomy bins of the old probability; last one closed
 SIGNS = ("+", "-", "0")  # advantage sign of a token's response
@@ -89,7 +89,7 @@ HONOURED = ("method", "delta", "max_ratio", "clip_c", "agg", "norm_by_std", "kl_
             "reward_incorrect", "prompts_per_step", "group_size", "mini_batch_prompts", "micro_batch_size",
             "micro_batch_tokens", "pack", "max_prompt_len", "max_new_tokens", "temperature", "top_p", "lr",
             "weight_decay", "grad_clip", "grad_checkpointing", "share_prompt", "train_dtype", "rollout",
-            "rollout_dtype", "recompute")  # kl_kind acts only with --kl-coef > 0: inert, as in train.py
+            "rollout_dtype", "recompute", "compile_layers")  # kl_kind acts only with --kl-coef > 0: inert, as in train.py
 
 
 def refused_flag(rest):
