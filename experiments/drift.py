@@ -451,6 +451,7 @@ def merge_into(out, target, branches, every):
     buf = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=buf, mtime=0) as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows).encode())
+    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
     tmp = target + f".{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         f.write(buf.getvalue())

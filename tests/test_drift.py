@@ -351,6 +351,8 @@ def test_merge_into_takes_whole_seeds_only(tmp_path):
     before = target.read_bytes()
     assert drift.merge_into(str(tmp_path / "run"), str(target), branches=2, every=1)[1] == 0
     assert target.read_bytes() == before
+    fresh = tmp_path / "new" / "pairs.jsonl.gz"  # a first merge makes its folder
+    assert drift.merge_into(str(tmp_path / "run"), str(fresh), branches=2, every=1)[:2] == ([0, 2, 3], 10)
 
 
 def _rows(values, seeds=3, steps=2, kl=None, cells=None):
