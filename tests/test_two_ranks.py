@@ -51,8 +51,9 @@ def runs(tmp_path_factory):
     return {n: torchrun_scenarios(tmp / f"ranks{n}.pt", n, names) for n in (1, 2)}
 
 
-def assert_same_update(one, two):
-    """The weights after the step agree to float32 rounding, and the step moved them."""
+def assert_same_update(one, two, scale=1):
+    """The weights after the step agree to float32 rounding (`scale` times the bound below), and
+    the step moved them."""
     from safetensors.torch import load_file
     before = load_file(os.path.join(rollout.DEFAULT_MODEL, "model.safetensors"))
     moved = max((w - before[k].double()).abs().max().item()
@@ -63,7 +64,7 @@ def assert_same_update(one, two):
     # model: 4 * 16 = 64, tests/test_train.py's bound), and lr max|g| = moved. Both runs err:
     # |dw| <= 2u |w| + 2 * 64 u moved (measured: at most 62 u moved, in "budget").
     for k, w in one.items():
-        assert torch.allclose(two[k], w, rtol=2 * U32, atol=2 * 64 * U32 * moved), k
+        assert torch.allclose(two[k], w, rtol=2 * U32, atol=scale * 2 * 64 * U32 * moved), k
 
 
 # a log-prob from micro-batches of other shapes: each side's logit errs by <~ 64 u max|z| (|z| <= 40
@@ -191,9 +192,13 @@ def test_bf16_packed_first_ratio_exactly_one(runs):
 def test_packed_recompute_and_compiled_layers_equal_one_rank_and_padded(runs):
     """--recompute selective and --compile-layers change what the backward runs, not what it
     computes: each packed update on 2 ranks equals 1 rank's and the padded row micro-batches'
-    ("budget"), within the same float32 summation-order bound (Inductor's fused kernels reorder
-    the element-wise sums, an error of the same kind)."""
+    ("budget"). Selective recomputation reruns the same ops: the same bound. Compiled layers run
+    Inductor's own kernels: its vectorised exp, rsqrt and sigmoid are 1-ulp functions (Sleef's)
+    where eager's are within 0.5 ulp, and its reductions associate differently (within a vector
+    register, then across), so each value errs by up to ~4 u where eager's errs by u: the bound x 4
+    against eager runs; between two compiled runs the kernels are the same: the plain bound."""
+    for n in (1, 2):
+        assert_same_update(runs[1]["budget"]["weights"], runs[n]["pack-selective"]["weights"])
+        assert_same_update(runs[1]["budget"]["weights"], runs[n]["pack-compiled"]["weights"], 4)
     for name in ("pack-selective", "pack-compiled"):
-        for n in (1, 2):
-            assert_same_update(runs[1]["budget"]["weights"], runs[n][name]["weights"])
         assert_same_update(runs[1][name]["weights"], runs[2][name]["weights"])
