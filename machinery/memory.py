@@ -20,26 +20,44 @@ import torch
 
 # --- the estimate --------------------------------------------------------------------------------
 def update_memory(model_config, tokens, dtype_bytes, recompute="none", fused_head=False):
-    """Bytes an update needs on one device, roughly, under `recompute` (policy.set_recompute):
-    what each decoder layer keeps for its backward, per token — none: ~ (8 h + 4 i) values (the two
-    norms, q k v, attention output, residuals; gate, up, act(gate)·up); selective: the matmul and
-    attention outputs and the layer's input, h + (h + 2 h_kv) + h + h + 2 i + h; full: the layer's
-    input, h, plus one layer's whole set while its backward runs — times layers and the
-    micro-batch's tokens, plus 16 bytes per parameter (fp32 weights, gradients and the two AdamW
-    moments; sharding would divide these, which the estimate ignores), plus, for the fused head of
-    packed micro-batches (logprobs._HeadLogprob), its float32 weight gradient (V x h) before it is
-    cast to the weights' dtype."""
-    h, i, n = (model_config.hidden_size, model_config.intermediate_size,
-               model_config.num_hidden_layers)
+    """Bytes an update needs on one device, roughly, under `recompute` (policy.set_recompute): the
+    tensors a Llama/Qwen2 decoder layer saves for its backward, per token (`layer_bytes`), times
+    layers and the micro-batch's tokens, plus 16 bytes per parameter (fp32 weights, gradients and
+    the two AdamW moments; sharding would divide these, which the estimate ignores), plus, for the
+    fused head of packed micro-batches (logprobs._HeadLogprob), its float32 weight gradient (V x h)
+    before it is cast to the weights' dtype. On one H200 the measured peaks ran ~1.45x the saved
+    tensors under both none and selective (docs/gpu.md): the caller's half-the-free-memory rule
+    leaves that room."""
+    n = model_config.num_hidden_layers
+    params = (model_config.vocab_size * model_config.hidden_size
+              * (1 if model_config.tie_word_embeddings else 2)
+              + n * (4 * model_config.hidden_size ** 2
+                     + 3 * model_config.hidden_size * model_config.intermediate_size))
+    kept = {"none": n * layer_bytes(model_config, dtype_bytes, "none"),
+            "selective": n * layer_bytes(model_config, dtype_bytes, "selective"),
+            # each layer's input, and one layer's whole set while its backward reruns it
+            "full": n * dtype_bytes * model_config.hidden_size
+            + layer_bytes(model_config, dtype_bytes, "none")}[recompute]
+    head = 4 * model_config.vocab_size * model_config.hidden_size if fused_head else 0
+    return tokens * kept + 16 * params + head
+
+
+def layer_bytes(model_config, b, recompute="none"):
+    """Bytes one decoder layer saves for its backward per token, in compute dtype of b bytes, as
+    transformers' Llama/Qwen2 layers do (tests/test_recompute.py counts them with saved-tensor hooks):
+    none — each RMSNorm a float32 copy of its input and its output (4 h + b h bytes), q k v
+    (h + 2 h_kv), the rotary's rotate_half copies and rotated q k (2 h + 2 h_kv), the attention
+    output (h), gate, up, act(gate) and their product (4 i), plus float32 scalars per token (the
+    attention's log-sum-exp per head, each norm's 1/rms); selective — what a matmul or the
+    attention made and the layer's input: q k v, attention, o, gate, up, down, input
+    (5 h + 2 h_kv + 2 i) and the log-sum-exp."""
+    h, i = model_config.hidden_size, model_config.intermediate_size
     heads = model_config.num_attention_heads
     h_kv = (getattr(model_config, "num_key_value_heads", None) or heads) * (
         getattr(model_config, "head_dim", None) or h // heads)
-    params = (model_config.vocab_size * h * (1 if model_config.tie_word_embeddings else 2)
-              + n * (4 * h * h + 3 * h * i))
-    per_layer = {"none": n * (8 * h + 4 * i), "selective": n * (5 * h + 2 * h_kv + 2 * i),
-                 "full": n * h + 8 * h + 4 * i}[recompute]
-    head = 4 * model_config.vocab_size * h if fused_head else 0
-    return tokens * per_layer * dtype_bytes + 16 * params + head
+    if recompute == "selective":
+        return b * (5 * h + 2 * h_kv + 2 * i) + 4 * heads
+    return 2 * (4 * h + b * h) + b * (4 * h + 4 * h_kv + 4 * i) + 4 * heads + 2 * 4
 
 
 def grad_checkpointing_default(model_config, tokens, dtype_bytes, free_bytes):

@@ -169,13 +169,14 @@ def test_recompute_flags_resolve_and_refuse_contradictions():
 # --- the memory model ------------------------------------------------------------------------------
 def test_memory_model_by_hand_and_auto_picks_the_cheapest_that_fits():
     """h 8, i 16, 2 layers, 4 heads of 2 with 2 key/value heads (h_kv 4), V 10, untied, 100 tokens,
-    2 bytes: params 10·8·2 + 2 (4·64 + 3·8·16) = 1440 (16 bytes each: 23040); per token kept —
-    none 2 (64 + 64) = 256, selective 2 (40 + 8 + 32) = 160, full 2·8 + 64 + 64 = 144 values —
-    times 100 tokens and 2 bytes; the fused head adds 4·10·8 = 320 bytes."""
+    2 bytes: params 10·8·2 + 2 (4·64 + 3·8·16) = 1440 (16 bytes each: 23040); bytes per token and
+    layer — none 2 (32 + 16) + 2 (32 + 16 + 64) + 4·4 + 8 = 344, selective 2 (40 + 8 + 32) + 16 =
+    176 — so per token none 688, selective 352, full 2·2·8 + 344 = 376; the fused head adds
+    4·10·8 = 320 bytes."""
     conf = types.SimpleNamespace(hidden_size=8, intermediate_size=16, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=10,
                                  tie_word_embeddings=False)
-    want = {"none": 256 * 200 + 23040, "selective": 160 * 200 + 23040, "full": 144 * 200 + 23040}
+    want = {"none": 68800 + 23040, "selective": 35200 + 23040, "full": 37600 + 23040}
     for mode, b in want.items():
         assert memory.update_memory(conf, 100, 2, mode) == b
         assert memory.update_memory(conf, 100, 2, mode, fused_head=True) == b + 320
@@ -185,6 +186,33 @@ def test_memory_model_by_hand_and_auto_picks_the_cheapest_that_fits():
     assert memory.recompute_default(conf, 100, 2, 2 * want["none"] - 1, ("none", "full")) == "full"
     # the head's buffer counts: a budget that fits the update without it does not with it
     assert memory.recompute_default(conf, 100, 2, 2 * want["none"], fused_head=True) == "selective"
+
+
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+def test_layer_bytes_are_what_a_layer_saves(dtype):
+    """memory.layer_bytes (no recomputation) against the bytes of the distinct tensors a packed
+    Qwen2-shaped layer (grouped-query heads, biases) really saves for its backward, counted with
+    saved-tensor hooks: the difference between 2 layers and 1 over 256 tokens, per token."""
+    def saved(layers):
+        conf = Qwen2Config(hidden_size=64, intermediate_size=160, num_hidden_layers=layers,
+                           num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                           max_position_embeddings=512)
+        torch.manual_seed(0)
+        model = enable_packing(AutoModelForCausalLM.from_config(conf, dtype=dtype), "sdpa-rows").train()
+        storages = {}
+
+        def keep(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        packing = packed_attention.make_packing([100, 156], "cpu", "sdpa-rows")
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            model.model(input_ids=torch.randint(0, 64, (1, 256)),
+                        position_ids=torch.cat([torch.arange(100), torch.arange(156)])[None],
+                        packing=packing)
+        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        return sum(v for k, v in storages.items() if k not in weights), conf
+    (one, conf), (two, _) = saved(1), saved(2)
+    assert (two - one) / 256 == memory.layer_bytes(conf, dtype.itemsize)
 
 
 def test_auto_recompute_decided_by_memory(group):
