@@ -125,10 +125,11 @@ def kill_tree(proc, grace=5.0):
                 os.kill(pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(grace)
-        if sig == signal.SIGTERM:  # give the others the same grace as the first
-            end = time.time() + grace
-            while time.time() < end and any(_alive(p) for p in pids[1:]):
-                time.sleep(0.2)
+        # SIGTERM: give the others the same grace as the first; SIGKILL: return once they are gone
+        # (a killed process lives on until the kernel has torn it down, longer on a busy machine)
+        end = time.time() + grace
+        while time.time() < end and any(_alive(p) for p in pids[1:]):
+            time.sleep(0.2)
 
 
 def _alive(pid):

@@ -266,7 +266,7 @@ BAD_FLAGS = [
     (["--train-dtype", "float16"], "unknown --train-dtype 'float16'"),
     (["--prompts-per-step", "6", "--mini-batch-prompts", "4"], "--prompts-per-step 6 is not a multiple"),
     (["--keep-checkpoints", "-1"], "--keep-checkpoints must be >= 0"),
-    (["--share-prompt", "--grad-checkpointing"], "--share-prompt needs --no-grad-checkpointing"),
+    (["--share-prompt", "--grad-checkpointing"], "--share-prompt needs --recompute none"),
     (["--share-prompt", "--group-size", "8", "--micro-batch-size", "12"], "micro-batch 12, group size 8"),
     (["--old-logp", "vllm"], "unknown --old-logp 'vllm'"),
     (["--rollout-is", "token_mask"], "unknown --rollout-is 'token_mask'"),
