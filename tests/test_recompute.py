@@ -101,26 +101,32 @@ def test_selective_recomputes_no_matmul_and_full_recomputes_every_layer():
     assert fwd >= 7 * layers
 
 
-@pytest.mark.parametrize("mode", ["selective", "full"])
-@pytest.mark.parametrize("tied,gqa", [(False, False), (True, False), (False, True)])
-def test_packed_recomputed_equals_padded_float64(mode, tied, gqa):
-    """Log-probs and gradients of Σ w·logp, packed under `mode` against padded without
-    recomputation, float64, tied and untied, and a grouped-query model with biases: the same sums in
-    other orders, tests/test_pack.py's bound 4 * 64 * 40 u."""
+def assert_packed_equals_padded(make, tol):
+    """Log-probs and gradients of Σ w·logp at T = 0.7: `make(True)` run packed against `make(False)`
+    run padded (fresh models, the same weights), to `tol` (gradients relative to their scale)."""
     ids, attn, P = rows()
     w = torch.randn(len(SPANS), ids.shape[1] - P, generator=torch.Generator().manual_seed(1))
     out = []
     for packed in (False, True):
-        model = policy.set_recompute(tiny(tied, gqa), mode if packed else "none")
-        model.train()
+        model = make(packed).train()
         logp, _ = (packed_logprobs(model, ids, P, SPANS, 0.7) if packed else
                    sequence_logprobs(model, ids, attn, P, 4, 0.7, False, SPANS))    # (B, T)
         (w * logp).sum().backward()
         out.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    tol = 4 * 64 * 40 * U64
     assert torch.allclose(out[1][0], out[0][0], rtol=0, atol=tol)
     for name, g in out[0][1].items():
         assert torch.allclose(out[1][1][name], g, rtol=0, atol=tol * g.abs().max()), name
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+@pytest.mark.parametrize("tied,gqa", [(False, False), (True, False), (False, True)])
+def test_packed_recomputed_equals_padded_float64(mode, tied, gqa):
+    """Packed under `mode` against padded without recomputation, float64, tied and untied, and a
+    grouped-query model with biases: the same sums in other orders, tests/test_pack.py's bound
+    4 * 64 * 40 u."""
+    assert_packed_equals_padded(
+        lambda packed: policy.set_recompute(tiny(tied, gqa), mode if packed else "none"),
+        4 * 64 * 40 * U64)
 
 
 @pytest.mark.parametrize("tied,gqa", [(False, False), (True, False), (False, True)])
@@ -128,22 +134,9 @@ def test_compiled_layers_packed_equal_padded_float32(tied, gqa):
     """--compile-layers: each decoder layer compiled by Inductor, packed, against the eager padded
     path, float32. Fused kernels sum in other orders: the same bound as two eager orders, 4 * 64 *
     40 u, gradients relative to their scale."""
-    ids, attn, P = rows()
-    w = torch.randn(len(SPANS), ids.shape[1] - P, generator=torch.Generator().manual_seed(1))
-    out = []
-    for packed in (False, True):
-        model = tiny(tied, gqa, FP32)
-        if packed:
-            policy.compile_layers(model)
-        model.train()
-        logp, _ = (packed_logprobs(model, ids, P, SPANS, 0.7) if packed else
-                   sequence_logprobs(model, ids, attn, P, 4, 0.7, False, SPANS))    # (B, T)
-        (w * logp).sum().backward()
-        out.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    tol = 4 * 64 * 40 * U32
-    assert torch.allclose(out[1][0], out[0][0], rtol=0, atol=tol)
-    for name, g in out[0][1].items():
-        assert torch.allclose(out[1][1][name], g, rtol=0, atol=tol * g.abs().max()), name
+    assert_packed_equals_padded(
+        lambda packed: policy.compile_layers(tiny(tied, gqa, FP32)) if packed else tiny(tied, gqa, FP32),
+        4 * 64 * 40 * U32)
 
 
 def test_recompute_flags_resolve_and_refuse_contradictions():
