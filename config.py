@@ -247,7 +247,9 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None):
     dist.all_reduce(free_t, op=dist.ReduceOp.MIN)
     free = int(free_t.item())
     longest = max(prompt_lens) if prompt_lens else None
-    compiled = cfg.compile_layers if cfg.compile_layers is not None else compile_default(device)
+    # unset, compiled layers yield to an explicit --recompute selective, which they cannot combine with
+    compiled = (cfg.compile_layers if cfg.compile_layers is not None
+                else compile_default(device) and resolve_recompute(cfg) != "selective")
     recompute = resolve_recompute(dataclasses.replace(cfg, compile_layers=compiled))
     if recompute == "auto":
         fused = bool(cfg.pack if cfg.pack is not None else pack_default(device))

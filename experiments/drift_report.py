@@ -409,18 +409,15 @@ def verdict_lines(diffs, kl_ratio=None, c=COLLAPSE):
         else:
             out.append(f"- step match: noclip-matched's KL is {kl_ratio:.2f}x the clip's (within "
                        f"[{KL_MATCH[0]}, {KL_MATCH[1]}])")
-            name, m, half = brake
-            if not math.isnan(half):
-                out.append(f"- {name}: {_interval(m, half)}: **" + sided(
-                    m, half, SESOI, "the clip drains beyond a no-clip step of the same size (its per-token shape)",
-                    "the clip raises the entropy against a no-clip step of the same size",
-                    "the clip acts as a smaller step: no effect of interest beyond it") + "**")
-            name, m, half = step
-            if not math.isnan(half):
-                out.append(f"- {name}: {_interval(m, half)}: **" + sided(
-                    m, half, SESOI, "a smaller step alone lowers the entropy change",
-                    "a smaller step alone raises the entropy change",
-                    "a smaller step alone: no effect of interest") + "**")
+            readings = [(brake, "the clip drains beyond a no-clip step of the same size (its per-token shape)",
+                         "the clip raises the entropy against a no-clip step of the same size",
+                         "the clip acts as a smaller step: no effect of interest beyond it"),
+                        (step, "a smaller step alone lowers the entropy change",
+                         "a smaller step alone raises the entropy change",
+                         "a smaller step alone: no effect of interest")]
+            for (name, m, half), *labels in readings:
+                if not math.isnan(half):
+                    out.append(f"- {name}: {_interval(m, half)}: **" + sided(m, half, SESOI, *labels) + "**")
     name, m, half = get("bandkl − noclip")
     bu = get("bandkl − clip-upper")
     if not math.isnan(half) and not math.isnan(up[2]) and not math.isnan(bu[2]):

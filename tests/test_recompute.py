@@ -216,6 +216,21 @@ def test_auto_recompute_decided_by_memory(group):
     assert decided.compile_layers is False  # no measured default on a CPU
 
 
+def test_unset_compiled_layers_yield_to_explicit_selective(group, monkeypatch):
+    """Where compiled layers are the device's default, an explicit --recompute selective (which they
+    cannot combine with) turns the default off instead of failing; an explicit --compile-layers
+    with it is refused."""
+    monkeypatch.setitem(config.COMPILE_DEFAULT, "cpu", True)
+    cpu = torch.device("cpu")
+    sel = train.decide_grad_checkpointing(train.resolve_config(train.Config(recompute="selective")), cpu,
+                                          [8] * 4)[0]
+    assert sel.recompute == "selective" and sel.compile_layers is False
+    auto = train.decide_grad_checkpointing(train.resolve_config(train.Config()), cpu, [8] * 4)[0]
+    assert auto.compile_layers is True and auto.recompute == "none"
+    with pytest.raises(ValueError, match="--compile-layers with --recompute selective"):
+        train.resolve_config(train.Config(recompute="selective", compile_layers=True))
+
+
 # --- the fused head -------------------------------------------------------------------------------
 def head_grads(h, wt, y, chunk, temperature=0.7):
     hh, ww = h.clone().requires_grad_(), wt.clone().requires_grad_()
