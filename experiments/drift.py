@@ -28,14 +28,19 @@ Config flags this script cannot honour (--kl-coef > 0, --old-logp engine, ... `R
         --merge-into experiments/results/drift-toy/pairs.jsonl.gz   # finished seeds into the committed file
 
 Departures from train.py: the HF engine by default (its generate is cheap on the tiny model and
-needs no vLLM start), no evaluation, one checkpoint per branch point (for --resume). On SmolLM2
-(`-- --model models/smollm2-135m-instruct`, a smaller probe) the probe's logits stay in the model's
-dtype and are widened to float64 a chunk of rows at a time (probe_readings).
+needs no vLLM start), generating with the trainer's own module where the dtypes agree on one rank
+(shares_engine: no second copy of the weights), no evaluation, one checkpoint per branch point (for
+--resume). On SmolLM2 (`-- --model models/smollm2-135m-instruct`, a smaller probe) memory is what
+limits a CPU: the probe's logits stay in the model's dtype and are widened to float64 a chunk of
+rows at a time, the new ones computed a micro-batch at a time (probe_readings), and the state the
+arms restore from (weights and AdamW moments, 1.6 GB in float32) is kept in a file, not on the
+heap (snapshot; any snapshot over SNAPSHOT_RAM_BYTES).
 """
 
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -63,7 +68,8 @@ MATCHED_LR = 0.76  # noclip-matched's lr factor f, fixed from a pilot (experimen
 PROBE_SEED_OFFSET = 1 << 41  # probe sampling seeds never meet a rollout's or an evaluation's (1 << 40)
 P_EDGES = (0.0, 0.05, 0.2, 0.5, 0.8, 1.0)  # anatomy bins of the old probability; last one closed
 SIGNS = ("+", "-", "0")  # advantage sign of a token's response
-PROBE_CHUNK_BYTES = 1 << 28  # float64 working set per distribution of one chunk of probe rows
+PROBE_CHUNK_BYTES = 1 << 26  # float64 working set per distribution of one chunk of probe rows
+SNAPSHOT_RAM_BYTES = 1 << 28  # a larger snapshot (weights + AdamW moments) is kept in a file
 TRAIN_DEFAULTS = ["--method", "clip", "--reward", "random", "--rollout", "hf", "--eval-every", "0",
                   "--no-export-hf", "--save-every", "0"]  # before the user's flags, which win
 # Config fields this script does not honour: set to anything but the value it runs with (TRAIN_DEFAULTS
@@ -134,16 +140,57 @@ def _set_lr(optimizer, lr):
 
 
 # --- snapshot and restore ------------------------------------------------------------------------
-def snapshot(model, optimizer):
+def _local(t):
+    """The tensor a rank holds: a DTensor's local shard, else the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def snapshot(model, optimizer, path=None):
     """Copies of the weights, the AdamW state and the RNGs (the optimizer's own parameter objects:
     the sharded ones it steps). One rank keeps the weights it gathered for the last forward
     (policy.build_model); resharded, the parameters are the shards again, and weights written into
-    them (restore) are what the next forward gathers."""
+    them (restore) are what the next forward gathers. With `path` the tensors' bytes go to that
+    file, one after another, and stay off the heap (SmolLM2's weights and moments are 1.6 GB in
+    float32); restore reads them back a tensor at a time, bit for bit."""
     policy.reshard(model)
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    state = {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer.state[p].items()}
-             for i, p in enumerate(params) if p in optimizer.state}
-    return ([p.detach().clone() for p in params], state, torch.get_rng_state(), random.getstate())
+    state = {i: dict(optimizer.state[p]) for i, p in enumerate(params) if p in optimizer.state}
+    rng = (torch.get_rng_state(), random.getstate())
+    if path is None:
+        return ([p.detach().clone() for p in params],
+                {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
+                 for i, st in state.items()}, *rng)
+    tensors = [p.detach() for p in params] + [v for st in state.values() for v in st.values()
+                                              if torch.is_tensor(v)]
+    with open(path + ".tmp", "wb") as f:
+        for t in tensors:
+            f.write(memoryview(_local(t).detach().cpu().contiguous().view(-1).view(torch.uint8)
+                               .numpy()))
+    os.replace(path + ".tmp", path)
+    layout = [(tuple(_local(t).shape), _local(t).dtype, hasattr(t, "device_mesh")) for t in tensors]
+    state = {i: {k: v if not torch.is_tensor(v) else None for k, v in st.items()}
+             for i, st in state.items()}  # None: the tensor's bytes are in the file
+    return (path, layout), state, *rng
+
+
+def _read(f, layout):
+    """The next tensor of a snapshot file, as its layout entry (shape, dtype, is a DTensor) says."""
+    out = torch.empty(layout[0], dtype=layout[1])
+    size = out.numel() * out.element_size()
+    if f.readinto(memoryview(out.view(-1).view(torch.uint8).numpy())) != size:
+        raise RuntimeError(f"{f.name}: the snapshot file ends early")
+    return out
+
+
+def _like(layout, f, param):
+    """A state tensor read back as its parameter holds it: AdamW's moments of an FSDP2 parameter are
+    DTensors sharded as the parameter (its step count is a plain scalar)."""
+    local = _read(f, layout).to(_local(param).device)
+    if layout[2]:
+        from torch.distributed.tensor import DTensor
+        return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                                  shape=param.shape, stride=param.stride())
+    return local
 
 
 @torch.no_grad()
@@ -151,12 +198,23 @@ def restore(model, optimizer, snap):
     weights, state, torch_rng, py_rng = snap
     policy.reshard(model)
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    for p, w in zip(params, weights):
-        p.copy_(w)
     optimizer.state.clear()
-    for i, st in state.items():
-        optimizer.state[params[i]] = {k: v.clone() if torch.is_tensor(v) else v
-                                      for k, v in st.items()}
+    if isinstance(weights, tuple):  # a file: the parameters' bytes, then each state tensor's
+        path, layout = weights
+        shapes = iter(layout)
+        with open(path, "rb") as f:
+            for p in params:
+                _local(p).copy_(_read(f, next(shapes)))
+            for i, st in state.items():
+                optimizer.state[params[i]] = {
+                    k: v if v is not None else _like(next(shapes), f, params[i])
+                    for k, v in st.items()}
+    else:
+        for p, w in zip(params, weights):
+            p.copy_(w)
+        for i, st in state.items():
+            optimizer.state[params[i]] = {k: v.clone() if torch.is_tensor(v) else v
+                                          for k, v in st.items()}
     torch.set_rng_state(torch_rng)
     random.setstate(py_rng)
     policy.reshard(model)
@@ -182,38 +240,58 @@ def recording():
 
 # --- readings ------------------------------------------------------------------------------------
 @torch.no_grad()
-def probe_logits(model, probe, cfg):
+def probe_logits(model, probe, cfg, rows=None):
     """Teacher-forced logits at every probe response position: (B, T, V) in the model's compute
     dtype (float32, or bf16 where the CPU has it natively), as logprobs.sequence_logprobs builds
-    its positions; the whole vocabulary is kept for KL. Never widened to float64 here: at
-    SmolLM2's 49k vocabulary that copy would be gigabytes (probe_readings widens chunks)."""
+    its positions, micro-batch by micro-batch; the whole vocabulary is kept for KL. `rows`: a slice
+    of the probe (a whole number of micro-batches from a multiple of them). Never widened to
+    float64 here: at SmolLM2's 49k vocabulary that copy would be gigabytes (probe_readings widens
+    chunks)."""
     T, out = probe.mask.shape[1], []
     pos = (probe.attn.cumsum(-1) - 1).clamp(min=0)
-    for i in range(0, len(probe), cfg.micro_batch_size):
-        rows = slice(i, i + cfg.micro_batch_size)
-        out.append(model(input_ids=probe.input_ids[rows], attention_mask=probe.attn[rows],
-                         position_ids=pos[rows], logits_to_keep=T + 1).logits[:, :-1])  # (b, T, V)
+    rows = rows or slice(0, len(probe))
+    for i in range(rows.start, min(rows.stop, len(probe)), cfg.micro_batch_size):
+        mb = slice(i, i + cfg.micro_batch_size)
+        out.append(model(input_ids=probe.input_ids[mb], attention_mask=probe.attn[mb],
+                         position_ids=pos[mb], logits_to_keep=T + 1).logits[:, :-1])  # (b, T, V)
     return torch.cat(out)
 
 
-def probe_readings(old, new, probe, temperature=1.0, chunk_bytes=PROBE_CHUNK_BYTES):
-    """Entropy change per probe token, its importance-weighted version and KL(old || new), from the
-    (B, T, V) logits before and after an arm's updates: log-softmax(logits / T) in float64, a chunk
-    of rows at a time (at most `chunk_bytes` of float64 per distribution), reduced per position
-    before the next chunk. The weighted version is what a rollout of the new policy would log as
-    its token-mean entropy: Σ_i w_i Σ_t H_new / Σ_i w_i n_i with w_i ∝ π_new(y_i) / π_old(y_i)
-    (self-normalised), minus the old mean."""
-    m = probe.mask.double()                                                  # (B, T)
-    ids = probe.input_ids[:, probe.n_prompt:].unsqueeze(-1)                  # (B, T, 1)
+def _probe_positions(old, new, ids, temperature, chunk_bytes):
+    """Per probe position of the rows of `old` and `new` ((b, T, V) logits): H_old, H_new,
+    KL(old || new) and Δ log p of the sampled token `ids` (b, T, 1), log-softmax(logits / T) in
+    float64 a chunk of rows at a time (at most `chunk_bytes` of float64 per distribution)."""
     step = max(1, chunk_bytes // (8 * old.shape[1] * old.shape[2]))
     parts = []
     for i in range(0, len(old), step):
         o = torch.log_softmax(old[i:i + step].double() / temperature, -1)   # (b, T, V) float64
         n = torch.log_softmax(new[i:i + step].double() / temperature, -1)
-        parts.append((-(o.exp() * o).sum(-1), -(n.exp() * n).sum(-1),      # (b, T) each
-                      (o.exp() * (o - n)).sum(-1),
+        po = o.exp()
+        parts.append((-(po * o).sum(-1), -(n.exp() * n).sum(-1),            # (b, T) each
+                      (po * (o - n)).sum(-1),
                       (n.gather(-1, ids[i:i + step]) - o.gather(-1, ids[i:i + step]))[..., 0]))
-    H_old, H_new, kl, dlogp = (torch.cat(x) for x in zip(*parts))           # (B, T)
+        del o, n, po
+    return [torch.cat(x) for x in zip(*parts)]
+
+
+def probe_readings(old, new, probe, temperature=1.0, chunk_bytes=PROBE_CHUNK_BYTES):
+    """Entropy change per probe token, its importance-weighted version and KL(old || new), from the
+    (B, T, V) logits before and after an arm's updates (`new`: the logits, or a function of a slice
+    of probe rows that computes theirs, so that only one micro-batch of them exists at a time):
+    log-softmax(logits / T) in float64, a chunk of rows at a time (at most `chunk_bytes` of float64
+    per distribution), reduced per position before the next chunk. The weighted version is what a
+    rollout of the new policy would log as its token-mean entropy: Σ_i w_i Σ_t H_new / Σ_i w_i n_i
+    with w_i ∝ π_new(y_i) / π_old(y_i) (self-normalised), minus the old mean."""
+    m = probe.mask.double()                                                  # (B, T)
+    ids = probe.input_ids[:, probe.n_prompt:].unsqueeze(-1)                  # (B, T, 1)
+    if callable(new):
+        parts, per = [], getattr(new, "rows", len(old))
+        for i in range(0, len(old), per):
+            rows = slice(i, i + per)
+            parts.append(_probe_positions(old[rows], new(rows), ids[rows], temperature, chunk_bytes))
+        H_old, H_new, kl, dlogp = (torch.cat(x) for x in zip(*parts))       # (B, T)
+    else:
+        H_old, H_new, kl, dlogp = _probe_positions(old, new, ids, temperature, chunk_bytes)
     dlogp = dlogp * m
     w = torch.softmax(dlogp.sum(-1), 0)                                      # (B,) sequence weights
     n, h_old = m.sum(), (H_old * m).sum() / m.sum()
@@ -284,7 +362,9 @@ def arm_update(model, optimizer, cfg, batch, advantages, old_logp, old_ent, prob
         upd_logp[rows] = lp
     new_logp, new_ent = policy.batch_logprobs(model, cfg, batch, with_entropy=True)
     m = batch.mask.double()
-    out = probe_readings(probe_old, probe_logits(model, probe, cfg), probe, cfg.temperature)
+    new = functools.partial(probe_logits, model, probe, cfg)
+    new.rows = cfg.micro_batch_size  # one micro-batch of the probe's new logits at a time
+    out = probe_readings(probe_old, new, probe, cfg.temperature)
     out.update(dH_train=((new_ent - old_ent) * m).sum().item() / m.sum().item(),
                dlogp_train=((new_logp - old_logp) * m).sum().item() / m.sum().item(),
                H_train=(old_ent * m).sum().item() / m.sum().item(), tokens=int(m.sum().item()),
@@ -296,12 +376,13 @@ def arm_update(model, optimizer, cfg, batch, advantages, old_logp, old_ent, prob
 
 
 def branch(model, optimizer, cfg, arms, batch, advantages, probe, repeat_first=False,
-           matched_lr=MATCHED_LR):
+           matched_lr=MATCHED_LR, snapshot_path=None):
     """Every arm from the same state on the same rollout; the model ends on the base's update (its
-    own arm, run last, or a separate one). -> [readings per arm]."""
+    own arm, run last, or a separate one). snapshot_path: where the state the arms restore from is
+    kept (None: in memory). -> [readings per arm]."""
     old_logp, old_ent = policy.batch_logprobs(model, cfg, batch, with_entropy=True)  # (B, T) all rows
     probe_old = probe_logits(model, probe, cfg)
-    snap = snapshot(model, optimizer)
+    snap = snapshot(model, optimizer, snapshot_path)
     base = _bounds_key(cfg)
     configs = [arm_config(cfg, a, matched_lr) for a in arms]
     order = sorted(range(len(arms)), key=lambda i: _bounds_key(configs[i]) == base)
@@ -325,6 +406,8 @@ def branch(model, optimizer, cfg, arms, batch, advantages, probe, repeat_first=F
     if _bounds_key(configs[order[-1]]) != base:
         restore(model, optimizer, snap)
         base_update(model, optimizer, cfg, batch, advantages)
+    if snapshot_path:
+        os.remove(snapshot_path)
     return out
 
 
@@ -340,6 +423,15 @@ def load_prompts(cfg, tokenizer, n_probe):
         n=n_probe if name.startswith("arithmetic") else None)]
     pids, _, _ = data.tokenize_prompts(probe, tokenizer, cfg.max_prompt_len)
     return [dict(r, prompt_ids=i) for r, i in zip(kept, ids)], pids
+
+
+def shares_engine(cfg):
+    """Whether the rollouts and probes are generated with the trainer's own module instead of a copy:
+    the HF engine, in the trainer's dtype, on one rank (SmolLM2's float32 copy would be 0.54 GB
+    more). The same weights and the same forward: the samples a copy synced after every update
+    would draw."""
+    return (cfg.rollout == "hf" and cfg.rollout_dtype == cfg.train_dtype
+            and train.WORLD == 1)
 
 
 def read_pairs(path):
@@ -360,6 +452,14 @@ def run_seed(args, cfg, engine, tokenizer, device, bar):
     records, probe_ids = load_prompts(cfg, tokenizer, n_probe * args.branches)
     model = policy.build_model(cfg, device)
     optimizer = policy.make_optimizer(model, cfg)
+    weights = sum(_local(p).numel() * _local(p).element_size() for p in model.parameters())
+    snap_file = (os.path.join(run_dir, "snapshot.bin")  # weights + two AdamW moments
+                 if 3 * weights > SNAPSHOT_RAM_BYTES else None)
+    os.makedirs(run_dir, exist_ok=True)
+    if engine is None:  # shares_engine: generate with the trainer's module, which is always current
+        engine = rollout.make_engine("hf", cfg.model, model=model, tokenizer=tokenizer,
+                                     dtype=cfg.rollout_dtype,
+                                     max_model_len=cfg.max_prompt_len + cfg.max_new_tokens)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     start = load_checkpoint(ckpt, model, optimizer) if ckpt else 0
@@ -384,7 +484,8 @@ def run_seed(args, cfg, engine, tokenizer, device, bar):
                                         seed=PROBE_SEED_OFFSET + cfg.seed * 1_000_003 + step)
             probe = pack(ids, engine.generate(ids, args.probe_samples, sampling), device)
             rows = branch(model, optimizer, cfg, args.arms, batch, advantages, probe,
-                          repeat_first=step == 0 or args.check_all, matched_lr=args.matched_lr)
+                          repeat_first=step == 0 or args.check_all, matched_lr=args.matched_lr,
+                          snapshot_path=snap_file)
             with open(pairs_file, "a") as f:
                 for r in rows:
                     f.write(json.dumps({"seed": cfg.seed, "step": step, **r,
@@ -527,9 +628,10 @@ def main(argv=None):
     device = train.init_distributed()
     cfg, _, _ = train.decide_grad_checkpointing(cfg, device)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    engine = rollout.make_engine(cfg.rollout, cfg.model, tokenizer=tokenizer, seed=cfg.seed,
-                                 dtype=cfg.rollout_dtype,
-                                 max_model_len=cfg.max_prompt_len + cfg.max_new_tokens)
+    # the HF engine generates with each seed's trainer module where it can (run_seed): no second copy
+    engine = None if shares_engine(cfg) else rollout.make_engine(
+        cfg.rollout, cfg.model, tokenizer=tokenizer, seed=cfg.seed, dtype=cfg.rollout_dtype,
+        max_model_len=cfg.max_prompt_len + cfg.max_new_tokens)
     total = len(args.seeds) * args.branches * args.every
     with tqdm(total=total, desc="rollouts", dynamic_ncols=True,
               mininterval=1 if sys.stderr.isatty() else 60) as bar:
@@ -538,7 +640,8 @@ def main(argv=None):
                      tokenizer, device, bar)
     n = merge(args.out)
     print(f"{n} lines in {os.path.join(args.out, 'pairs.jsonl')}")
-    engine.close()
+    if engine is not None:
+        engine.close()
     torch.distributed.destroy_process_group()
 
 

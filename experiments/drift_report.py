@@ -259,7 +259,7 @@ def plot(data, arms, path, ref="noclip"):
     fig.savefig(path, dpi=120)
 
 
-def report(rows, subset=None):
+def report(rows, subset=None, segment=None, plan=None):
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     data = branches(rows)
     K = len(data)
@@ -268,7 +268,7 @@ def report(rows, subset=None):
     H_probe = mean_std([r["H_probe"] for r in rows if r["arm"] == arms[0]])[0]
     n_label = (f"{n_branch[0]}" if min(n_branch) == max(n_branch) else f"{min(n_branch)}–{max(n_branch)}")
     out = [f"# The clip per update: {K} seeds x {n_label} branch points (rollouts {steps[0]}–{steps[-1]})", "",
-           f"Arms: {', '.join(arms)}. Rules: experiments/results/drift-toy/plan.md. Units: seeds (a seed's reading "
+           f"Arms: {', '.join(arms)}. Rules: {plan or 'experiments/results/drift-toy/plan.md'}. Units: seeds (a seed's reading "
            f"is the mean over its branch points of a difference paired within each branch point; the design effect "
            f"is the variance inflation from clustering by seed, which the seed-mean interval carries). The family "
            f"of {len(FAMILY)} contrasts on dH_probe is read through {LEVEL:.3%} t intervals (Bonferroni, "
@@ -277,7 +277,10 @@ def report(rows, subset=None):
            f"per token (mean). Margins: ±{SESOI * 1e4:.2f}e-4 (the smallest effect of interest), the interaction "
            f"±{INTERACTION_MARGIN * 1e4:.2f}e-4; collapse-sized drift c = 0.9 x {COLLAPSE_H1:.3f} / 300 = "
            f"{COLLAPSE * 1e4:.2f}e-4 (fixed: GRPO's step-1 entropy over {COLLAPSE_RUNS} committed coin runs).", ""]
-    if subset:
+    if plan:
+        out += [f"**Read by {plan}: the family's intervals over all branch points below are computed as the "
+                f"replication's plan computes them, but this data's readings are the ones its own plan names.**", ""]
+    elif subset:
         out += [f"**Seeds {subset} only: the subset the plan reads beside the full {CONFIRM_K} seeds.**", ""]
     elif K < CONFIRM_K:
         out += [f"**Interim: {K} of the plan's {CONFIRM_K} seeds. No reading below is the plan's.**", ""]
@@ -315,6 +318,11 @@ def report(rows, subset=None):
         kl_ratio = (sum(per_seed(sub, lambda b: b["noclip-matched"]["kl"])) /
                     sum(per_seed(sub, lambda b: b["clip"]["kl"])))
     out += ["", "## Readings (the plan's rules)", ""] + verdict_lines(diffs, kl_ratio)
+    if segment:
+        out += ["", f"## By segment of the trajectory ({segment} rollouts each; 95% t, exploratory)", "",
+                "Each contrast on dH_probe within the segment's branch points, read as the family is (seed means of "
+                "within-branch differences), at 95% and labelled by the same rule; in 1e-4 nats per token per "
+                "rollout.", ""] + segment_lines(data, arms, segment)
     # --- exploratory ---
     out += ["", "## Exploratory (95% t; not in the family)", "",
             "dH_probe_is beside its robust companion: the median of the per-seed differences with its sign-test "
@@ -353,6 +361,38 @@ def report(rows, subset=None):
                        f"{v[3][0]:.2f} / {v[4][0]:.2f} |")
         out.append("")
     return "\n".join(out) + "\n", data, arms
+
+
+def segment_lines(data, arms, size, level=0.95):
+    """Each FAMILY contrast within each segment of the trajectory (branch points at rollouts [0, size),
+    [size, 2 size), ...), read as the family is (seed means of within-branch differences, t intervals, the same
+    label rule) but at `level` and exploratory unless a plan says otherwise: later states have their own noise
+    (the per-branch sd, printed, sizes a later run)."""
+    cuts = sorted({t // size for steps in data.values() for t in steps})
+    seg = {c: {s: {t: b for t, b in steps.items() if t // size == c} for s, steps in data.items()} for c in cuts}
+    seg = {c: {s: st for s, st in d.items() if st} for c, d in seg.items()}
+    head = [f"rollouts {c * size}–{c * size + size - 1}" for c in cuts]
+    out = [f"| | {' | '.join(head)} |", "|---|" + "---|" * len(cuts)]
+    first = arms[0]
+    out.append("| probe entropy (nats per token) | " + " | ".join(
+        f"{mean_std([b[first]['H_probe'] for st in seg[c].values() for b in st.values()])[0]:.4f}"
+        for c in cuts) + " |")
+    out.append("| seeds x branch points | " + " | ".join(
+        f"{len(seg[c])} x {min(map(len, seg[c].values()))}" + (
+            f"–{max(map(len, seg[c].values()))}" if len(set(map(len, seg[c].values()))) > 1 else "")
+        for c in cuts) + " |")
+    for name, weights, margin in FAMILY:
+        if not all(a in arms for a in weights):
+            continue
+        cells, sds = [], []
+        for c in cuts:
+            seeds, values = contrast(seg[c], weights, "dH_probe")
+            m, half, n, _ = t_of(seeds, level)
+            cells.append(f"{fmt(m, half)}: {label(m, half, margin)}")
+            sds.append(f"{mean_std(values)[1] * 1e4:.1f}" if len(values) > 1 else "–")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out.append(f"| per-branch sd of it (1e-4) | " + " | ".join(sds) + " |")
+    return out
 
 
 def _interval(m, half):
@@ -439,12 +479,15 @@ def main(argv=None):
     ap.add_argument("--figure", default=os.path.join(ROOT, "figures", "drift-toy_anatomy.png"))
     ap.add_argument("--below", type=int, help="read only the branch points at rollouts < N (a common prefix)")
     ap.add_argument("--seeds", metavar="A-B", help="read only seeds A to B (the plan's fresh half: 16-31)")
+    ap.add_argument("--plan", help="the analysis plan these lines are read by, where not the replication's")
+    ap.add_argument("--segment", type=int, metavar="N", help="also read each contrast per segment of N rollouts "
+                    "(branch points spread over a long trajectory)")
     args = ap.parse_args(argv)
     rows = load(args.pairs, args.below)
     if args.seeds:
         a, b = map(int, args.seeds.split("-"))
         rows = [r for r in rows if a <= r["seed"] <= b]
-    md, data, arms = report(rows, subset=args.seeds)
+    md, data, arms = report(rows, subset=args.seeds, segment=args.segment, plan=args.plan)
     os.makedirs(args.results, exist_ok=True)
     with open(os.path.join(args.results, "drift.md"), "w") as f:
         f.write(md)

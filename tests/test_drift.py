@@ -58,12 +58,16 @@ def start(setup, cfg=None):
     return model, opt, batch, adv, probe
 
 
-def test_restored_arm_equals_a_fresh_build(setup):
+@pytest.mark.parametrize("in_file", [False, True])
+def test_restored_arm_equals_a_fresh_build(setup, in_file, tmp_path):
     """The clip arm, run after the no-clip arm from the restored snapshot, gives the readings (first-mini-batch
-    ratio exactly 1 included) of a fresh build that takes the same rollout's updates with no snapshot at all."""
+    ratio exactly 1 included) of a fresh build that takes the same rollout's updates with no snapshot at all;
+    with the snapshot kept in a file (SmolLM2's), too, and the file is gone after the branch point."""
     cfg = setup[0]
     model, opt, batch, adv, probe = start(setup)
-    rows = drift.branch(model, opt, cfg, ["noclip", "clip"], batch, adv, probe)
+    path = str(tmp_path / "snapshot.bin") if in_file else None
+    rows = drift.branch(model, opt, cfg, ["noclip", "clip"], batch, adv, probe, snapshot_path=path)
+    assert not os.listdir(tmp_path)
     assert [r["first_abs_dev"] for r in rows] == [0.0, 0.0]
     assert all(r["kl"] > 1e-4 and r["dlogp_train"] != 0 for r in rows)  # the updates moved the policy
     fresh, fopt, fbatch, fadv, fprobe = start(setup)
@@ -76,6 +80,27 @@ def test_restored_arm_equals_a_fresh_build(setup):
     policy.reshard(model), policy.reshard(fresh)
     for p, q in zip(model.parameters(), fresh.parameters()):
         assert torch.equal(p.full_tensor(), q.full_tensor())
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_shared_engine_samples_what_a_synced_copy_samples(setup, pack):
+    """drift.py generates with the trainer's own FSDP2 module (shares_engine) instead of a copy synced after
+    every update: after an update, both draw the same tokens with the same log-probs, bit for bit, from the same
+    seed (packed rows too: the packed attention must leave a plain generate alone)."""
+    cfg = dataclasses.replace(setup[0], pack=pack)
+    _, copy, records, probe_ids = setup
+    assert drift.shares_engine(cfg)
+    model = policy.build_model(cfg, torch.device("cpu"))
+    opt = policy.make_optimizer(model, cfg)
+    rollout.sync_weights(copy, model)
+    drift.base_update(model, opt, cfg, *drift.rollout_batch(copy, records, cfg, 0, torch.device("cpu")))
+    rollout.sync_weights(copy, model)
+    shared = rollout.make_engine("hf", cfg.model, model=model, dtype="float32")
+    sampling = rollout.Sampling(temperature=cfg.temperature, max_new_tokens=8, seed=11, logprobs=True)
+    a, b = (e.generate(probe_ids[:4], 3, sampling) for e in (copy, shared))
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert [c.logprobs for c in a] == [c.logprobs for c in b]
+    assert not drift.shares_engine(dataclasses.replace(cfg, rollout_dtype="bfloat16"))
 
 
 def test_equal_bounds_give_equal_readings(setup):
@@ -424,6 +449,33 @@ def test_brake_and_step_by_hand():
     assert "per-token shape" not in r
 
 
+def test_segments_by_hand():
+    """Branch points at rollouts 0, 50 (segment 0–99) and 100, 150 (segment 100–199), 3 seeds. clip − no-clip is
+    -1e-4 at every early branch point (interval the point: within ±2.5, below 0 but smaller) and -4 + (seed - 1)
+    (e-4) late: seed means -5, -4, -3, sd 1, half-width t(0.975, 2) / sqrt(3) = 4.303 / 1.732 = 2.48: below 0.
+    The per-branch sd late is that of (-5, -5, -4, -4, -3, -3): sqrt(4 / 5) = 0.894 -> 0.9."""
+    import drift_report
+    rows = []
+    for seed in range(3):
+        for step in (0, 50, 100, 150):
+            d = -1.0 if step < 100 else -4.0 + (seed - 1)
+            for arm, v in (("noclip", 0.0), ("clip", d)):
+                rows.append({"seed": seed, "step": step, "arm": arm, "dH_probe": (v + 0.3 * seed) * 1e-4,
+                             "dH_probe_is": 0.0, "dH_train": 0.0, "kl": 50e-4, "H_probe": 0.1 + step * 1e-4,
+                             "ess": 0.5, "n_upper": 0, "n_lower": 0, "cells": [
+                                 {"p": [0.0, 1.0], "adv": "+", "tokens": 1, "dlogp_sum": 0.0, "dH_sum": 0.0,
+                                  "up": 0, "down": 0}]})
+    md = drift_report.report(rows, segment=100, plan="later/plan.md")[0]
+    assert "**Read by later/plan.md:" in md and "Interim" not in md
+    seg = md[md.index("## By segment"):]
+    assert "| | rollouts 0–99 | rollouts 100–199 |" in seg
+    assert "| probe entropy (nats per token) | 0.1025 | 0.1125 |" in seg
+    assert "| seeds x branch points | 3 x 2 | 3 x 2 |" in seg
+    assert ("| clip − noclip | -1.00 ± 0.00: no effect of interest (within ±2.5e-4) (below 0, but smaller) | "
+            "-4.00 ± 2.48: below 0 |") in seg
+    assert "| per-branch sd of it (1e-4) | 0.0 | 0.9 |" in seg
+
+
 def test_report_sections_labels_and_zero_advantage_tokens():
     """The family table is labelled confirmatory at 99.375%, everything else exploratory; the ESS share appears per
     arm; a cell of zero-advantage tokens (2 per branch point of 5 in all) is counted: 2.0 of 5.0, 40.0%."""
@@ -458,14 +510,17 @@ def test_statistics_by_hand():
     assert d.label(-1e-4, 0.5e-4, margin=1.25e-4) == "below 0"
 
 
+@pytest.mark.parametrize("streamed", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chunked_probe_readings_equal_the_whole_vocabulary_in_float64(dtype, monkeypatch):
+def test_chunked_probe_readings_equal_the_whole_vocabulary_in_float64(dtype, streamed, monkeypatch):
     """probe_readings widens logits to float64 one chunk of probe rows at a time (SmolLM2's 49k vocabulary would
     make a float64 copy of a probe's logits gigabytes). On a vocabulary slice (V = 96; logits in float32 and in
     bf16, the model's dtypes) read one row at a time, it equals a brute force written here on the whole (B, T, V)
     tensor widened at once: H = -Σ p log p, KL = Σ p_old (log p_old - log p_new), masked token means, at T = 2.
     Tolerance: float64 sums of at most 96 terms per position and 40 positions, terms below log 96 < 5: 1e-12
-    relative is ample. And no log-softmax ever sees more than one row."""
+    relative is ample. And no log-softmax ever sees more than one row. Streamed: the new logits come from a
+    function of a slice of rows, 2 rows per call (as arm_update computes them, a micro-batch at a time), and no
+    call is asked for more."""
     B, T, V, temp = 5, 8, 96, 2.0
     g = torch.Generator().manual_seed(0)
     old = (3 * torch.randn(B, T, V, generator=g)).to(dtype)
@@ -480,7 +535,16 @@ def test_chunked_probe_readings_equal_the_whole_vocabulary_in_float64(dtype, mon
         seen.append(x.shape[0])
         return inner(x, dim)
     monkeypatch.setattr(torch, "log_softmax", recording)
-    got = drift.probe_readings(old, new, probe, temp, chunk_bytes=8 * T * V)  # one row per chunk
+    asked = []
+
+    def streamed_new(rows):
+        asked.append(rows)
+        return new[rows]
+    streamed_new.rows = 2
+    got = drift.probe_readings(old, streamed_new if streamed else new, probe, temp,
+                               chunk_bytes=8 * T * V)  # one row per chunk
+    if streamed:
+        assert [(r.start, r.stop) for r in asked] == [(0, 2), (2, 4), (4, 6)]
     monkeypatch.setattr(torch, "log_softmax", inner)
     assert max(seen) == 1 and len(seen) == 2 * B
     lo, ln = (inner(x.double() / temp, -1) for x in (old, new))              # the whole tensor, float64
