@@ -68,7 +68,7 @@ MATCHED_LR = 0.76  # noclip-matched's lr factor f, fixed from a pilot (experimen
 PROBE_SEED_OFFSET = 1 << 41  # probe sampling seeds never meet a rollout's or an evaluation's (1 << 40)
 P_EDGES = (0.0, 0.05, 0.2, 0.5, 0.8, 1.0)  # anatomy bins of the old probability; last one closed
 SIGNS = ("+", "-", "0")  # advantage sign of a token's response
-PROBE_CHUNK_BYTES = 1 << 26  # float64 working set per distribution of one chunk of probe rows
+PROBE_CHUNK_BYTES = 1 << 24  # float64 working set per distribution of one chunk of probe rows (16 MiB)
 SNAPSHOT_RAM_BYTES = 1 << 28  # a larger snapshot (weights + AdamW moments) is kept in a file
 TRAIN_DEFAULTS = ["--method", "clip", "--reward", "random", "--rollout", "hf", "--eval-every", "0",
                   "--no-export-hf", "--save-every", "0"]  # before the user's flags, which win
