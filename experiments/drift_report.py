@@ -371,16 +371,16 @@ def segment_lines(data, arms, size, level=0.95):
     cuts = sorted({t // size for steps in data.values() for t in steps})
     seg = {c: {s: {t: b for t, b in steps.items() if t // size == c} for s, steps in data.items()} for c in cuts}
     seg = {c: {s: st for s, st in d.items() if st} for c, d in seg.items()}
-    head = [f"rollouts {c * size}–{c * size + size - 1}" for c in cuts]
-    out = [f"| | {' | '.join(head)} |", "|---|" + "---|" * len(cuts)]
+    head = [f"rollouts {c * size}–{c * size + size - 1}" for c in cuts] + ["last − first segment, per seed"]
+    out = [f"| | {' | '.join(head)} |", "|---|" + "---|" * len(head)]
     first = arms[0]
     out.append("| probe entropy (nats per token) | " + " | ".join(
         f"{mean_std([b[first]['H_probe'] for st in seg[c].values() for b in st.values()])[0]:.4f}"
-        for c in cuts) + " |")
+        for c in cuts) + " | |")
     out.append("| seeds x branch points | " + " | ".join(
         f"{len(seg[c])} x {min(map(len, seg[c].values()))}" + (
             f"–{max(map(len, seg[c].values()))}" if len(set(map(len, seg[c].values()))) > 1 else "")
-        for c in cuts) + " |")
+        for c in cuts) + " | |")
     for name, weights, margin in FAMILY:
         if not all(a in arms for a in weights):
             continue
@@ -390,8 +390,13 @@ def segment_lines(data, arms, size, level=0.95):
             m, half, n, _ = t_of(seeds, level)
             cells.append(f"{fmt(m, half)}: {label(m, half, margin)}")
             sds.append(f"{mean_std(values)[1] * 1e4:.1f}" if len(values) > 1 else "–")
+        both = [s for s in data if seg[cuts[0]].get(s) and seg[cuts[-1]].get(s)]  # a seed's last minus first
+        (early, _), (late, _) = (contrast({s: seg[c][s] for s in both}, weights, "dH_probe")
+                                 for c in (cuts[0], cuts[-1]))
+        m, half, _, _ = t_of([b - a for a, b in zip(early, late)], level)
+        cells.append(f"{fmt(m, half)}: {label(m, half, margin)}" if len(cuts) > 1 else "–")
         out.append(f"| {name} | " + " | ".join(cells) + " |")
-        out.append(f"| per-branch sd of it (1e-4) | " + " | ".join(sds) + " |")
+        out.append("| per-branch sd of it (1e-4) | " + " | ".join(sds) + " | |")
     return out
 
 

@@ -453,7 +453,8 @@ def test_segments_by_hand():
     """Branch points at rollouts 0, 50 (segment 0–99) and 100, 150 (segment 100–199), 3 seeds. clip − no-clip is
     -1e-4 at every early branch point (interval the point: within ±2.5, below 0 but smaller) and -4 + (seed - 1)
     (e-4) late: seed means -5, -4, -3, sd 1, half-width t(0.975, 2) / sqrt(3) = 4.303 / 1.732 = 2.48: below 0.
-    The per-branch sd late is that of (-5, -5, -4, -4, -3, -3): sqrt(4 / 5) = 0.894 -> 0.9."""
+    The per-branch sd late is that of (-5, -5, -4, -4, -3, -3): sqrt(4 / 5) = 0.894 -> 0.9. Last minus first segment
+    per seed: -4, -3, -2, half-width 2.48 again: below 0."""
     import drift_report
     rows = []
     for seed in range(3):
@@ -468,12 +469,12 @@ def test_segments_by_hand():
     md = drift_report.report(rows, segment=100, plan="later/plan.md")[0]
     assert "**Read by later/plan.md:" in md and "Interim" not in md
     seg = md[md.index("## By segment"):]
-    assert "| | rollouts 0–99 | rollouts 100–199 |" in seg
-    assert "| probe entropy (nats per token) | 0.1025 | 0.1125 |" in seg
-    assert "| seeds x branch points | 3 x 2 | 3 x 2 |" in seg
+    assert "| | rollouts 0–99 | rollouts 100–199 | last − first segment, per seed |" in seg
+    assert "| probe entropy (nats per token) | 0.1025 | 0.1125 | |" in seg
+    assert "| seeds x branch points | 3 x 2 | 3 x 2 | |" in seg
     assert ("| clip − noclip | -1.00 ± 0.00: no effect of interest (within ±2.5e-4) (below 0, but smaller) | "
-            "-4.00 ± 2.48: below 0 |") in seg
-    assert "| per-branch sd of it (1e-4) | 0.0 | 0.9 |" in seg
+            "-4.00 ± 2.48: below 0 | -3.00 ± 2.48: below 0 |") in seg
+    assert "| per-branch sd of it (1e-4) | 0.0 | 0.9 | |" in seg
 
 
 def test_report_sections_labels_and_zero_advantage_tokens():
