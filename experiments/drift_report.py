@@ -390,10 +390,10 @@ def segment_lines(data, arms, size, level=0.95):
             m, half, n, _ = t_of(seeds, level)
             cells.append(f"{fmt(m, half)}: {label(m, half, margin)}")
             sds.append(f"{mean_std(values)[1] * 1e4:.1f}" if len(values) > 1 else "–")
-        both = [s for s in data if seg[cuts[0]].get(s) and seg[cuts[-1]].get(s)]  # a seed's last minus first
-        (early, _), (late, _) = (contrast({s: seg[c][s] for s in both}, weights, "dH_probe")
-                                 for c in (cuts[0], cuts[-1]))
-        m, half, _, _ = t_of([b - a for a, b in zip(early, late)], level)
+        ends = [with_arms(seg[c], weights) for c in (cuts[0], cuts[-1])]  # seeds with the contrast in both
+        both = sorted(set(ends[0]) & set(ends[1]))
+        early, late = (contrast({s: end[s] for s in both}, weights, "dH_probe")[0] for end in ends)
+        m, half, _, _ = t_of([b - a for a, b in zip(early, late)], level)  # a seed's last minus its first
         cells.append(f"{fmt(m, half)}: {label(m, half, margin)}" if len(cuts) > 1 else "–")
         out.append(f"| {name} | " + " | ".join(cells) + " |")
         out.append("| per-branch sd of it (1e-4) | " + " | ".join(sds) + " | |")

@@ -117,7 +117,7 @@ def descendants(pid):
 
 def kill_tree(proc, grace=5.0):
     """Stop a Popen and everything it started, found before any of them dies (torchrun's workers and vLLM's engine
-    run in process sessions of their own, and an orphan would keep the GPU): SIGTERM, then SIGKILL after `grace` seconds."""
+    detach themselves with setsid, and an orphan would keep the GPU): SIGTERM, then SIGKILL after `grace` seconds."""
     pids = descendants(proc.pid)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:

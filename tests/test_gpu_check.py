@@ -262,9 +262,9 @@ def test_bf16_peaks_by_device_name():
 
 
 def test_a_stopped_section_takes_its_processes_with_it():
-    """A section past its budget is stopped with every process it started, also those in a process session of their own
+    """A section past its budget is stopped with every process it started, also those detached with setsid
     (torchrun's workers, vLLM's engine): the check's kill_tree finds them before any dies. Here: a Python process
-    whose child starts its own session and ignores SIGTERM, as a process stuck in a CUDA call may."""
+    whose child detaches itself with setsid and ignores SIGTERM, as a process stuck in a CUDA call may."""
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     from gpu_common import _alive, descendants, kill_tree
 
