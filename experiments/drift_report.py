@@ -5,7 +5,9 @@ figure with the rules of experiments/results/drift-toy/plan.md, fixed before the
 the units (a seed's reading is the mean over its branch points of a contrast paired within each branch point, so
 the interval carries the clustering of branch points by seed), a family of FAMILY contrasts on dH_probe read
 through Bonferroni t intervals at LEVEL (1 - 0.05 / 8) on K - 1 df, each against 0 and its equivalence margin
-(SESOI, the interaction's INTERACTION_MARGIN), the collapse yardstick c fixed (COLLAPSE). Everything else
+(SESOI, the interaction's INTERACTION_MARGIN), the collapse yardstick c fixed (COLLAPSE). `--rules smollm2`
+reads by experiments/results/drift-smollm2/plan.md instead: the same family and rules, its own margins, c and K
+(Rules), and "cannot test" where the clip bounded under 1% of an update's tokens. Everything else
 (dH_probe_is with its effective sample size and a sign interval for the median, dH_train, the other differences,
 the anatomy) is labelled exploratory, at 95%.
 
@@ -13,6 +15,7 @@ the anatomy) is labelled exploratory, at 95%.
 """
 
 import argparse
+import dataclasses
 import glob
 import json
 import math
@@ -33,20 +36,64 @@ COLLAPSE_H1, COLLAPSE_RUNS = 0.157, 10
 COLLAPSE = 0.9 * COLLAPSE_H1 / 300
 CONFIRM_K = 32               # the plan's seeds: below it every reading is interim
 KL_MATCH = (0.8, 1.25)       # noclip-matched's KL / clip's (ratio of seed means): outside, brake and step not read
-# the confirmatory family on dH_probe: name, weights per arm, equivalence margin
-FAMILY = (("clip − noclip", {"clip": 1, "noclip": -1}, SESOI),
-          ("upper side: clip-upper − noclip", {"clip-upper": 1, "noclip": -1}, SESOI),
-          ("lower side: clip-lower − noclip", {"clip-lower": 1, "noclip": -1}, SESOI),
-          ("interaction: clip − clip-upper − clip-lower + noclip",
-           {"clip": 1, "clip-upper": -1, "clip-lower": -1, "noclip": 1}, INTERACTION_MARGIN),
-          ("brake: clip − noclip-matched", {"clip": 1, "noclip-matched": -1}, SESOI),
-          ("step: noclip-matched − noclip", {"noclip-matched": 1, "noclip": -1}, SESOI),
-          ("bandkl − clip-upper", {"bandkl": 1, "clip-upper": -1}, SESOI),
-          ("bandkl − noclip", {"bandkl": 1, "noclip": -1}, SESOI))
+
+
+def family(sesoi, interaction):
+    """The confirmatory family on dH_probe: (name, weights per arm, equivalence margin)."""
+    return (("clip − noclip", {"clip": 1, "noclip": -1}, sesoi),
+            ("upper side: clip-upper − noclip", {"clip-upper": 1, "noclip": -1}, sesoi),
+            ("lower side: clip-lower − noclip", {"clip-lower": 1, "noclip": -1}, sesoi),
+            ("interaction: clip − clip-upper − clip-lower + noclip",
+             {"clip": 1, "clip-upper": -1, "clip-lower": -1, "noclip": 1}, interaction),
+            ("brake: clip − noclip-matched", {"clip": 1, "noclip-matched": -1}, sesoi),
+            ("step: noclip-matched − noclip", {"noclip-matched": 1, "noclip": -1}, sesoi),
+            ("bandkl − clip-upper", {"bandkl": 1, "clip-upper": -1}, sesoi),
+            ("bandkl − noclip", {"bandkl": 1, "noclip": -1}, sesoi))
+
+
+FAMILY = family(SESOI, INTERACTION_MARGIN)
 LEVEL = 1 - 0.05 / len(FAMILY)  # Bonferroni over the family: 99.375%, two-sided
 EXPLORATORY = (("clip-higher − noclip", {"clip-higher": 1, "noclip": -1}, SESOI),
                ("clip-higher − clip", {"clip-higher": 1, "clip": -1}, SESOI),
                ("bandkl − clip", {"bandkl": 1, "clip": -1}, SESOI))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """What a plan fixes before its data: the smallest effect of interest (the interaction's margin is half of
+    it), the collapse yardstick c, the number of seeds K, and the least share of an update's tokens the clip must
+    bound for its readings to test anything (None: no such check). The family and LEVEL are the same for all."""
+    plan: str
+    sesoi: float
+    collapse: float
+    collapse_note: tuple  # (its formula, where its entropy comes from)
+    k: int
+    acted: float | None = None
+
+    @property
+    def interaction(self):
+        return self.sesoi / 2
+
+    @property
+    def family(self):
+        return family(self.sesoi, self.interaction)
+
+    @property
+    def exploratory(self):
+        return tuple((n, w, self.sesoi) for n, w, _ in EXPLORATORY)
+
+
+# experiments/results/drift-toy/plan.md (the replication; the later-states plan reads by the same rules)
+TOY = Rules("experiments/results/drift-toy/plan.md", SESOI, COLLAPSE,
+            (f"0.9 x {COLLAPSE_H1:.3f} / 300", f"GRPO's step-1 entropy over {COLLAPSE_RUNS} committed coin runs"),
+            CONFIRM_K)
+# experiments/results/drift-smollm2/plan.md: the toy's definitions on SmolLM2's probe entropy, H = 2.628 nats per
+# token (the pilot's mean at its branch points): SESOI = H / 2 / 300, c = 0.9 H / 300; 48 seeds; the clip must
+# bound at least 1% of an update's tokens (the pilot: 2.9-4.5%)
+SMOLLM2_H = 2.628
+SMOLLM2 = Rules("experiments/results/drift-smollm2/plan.md", round(SMOLLM2_H / 2 / 300, 6), 0.9 * SMOLLM2_H / 300,
+                (f"0.9 x {SMOLLM2_H} / 300", "the SmolLM2 pilot's mean probe entropy"), 48, acted=0.01)
+RULES = {"toy": TOY, "smollm2": SMOLLM2}
 READINGS = (("dH_probe", "entropy change on the probe"), ("dH_probe_is", "the same, importance-weighted"),
             ("dH_train", "entropy change on the rollout's tokens"), ("kl", "KL(old || new) on the probe"))
 
@@ -259,7 +306,15 @@ def plot(data, arms, path, ref="noclip"):
     fig.savefig(path, dpi=120)
 
 
-def report(rows, subset=None, segment=None, plan=None):
+def clip_share(data, arm="clip"):
+    """The share of an update's tokens the arm's bounds held (upward plus downward clips over tokens, pooled over
+    its branch points); nan without the arm."""
+    rows = [b[arm] for steps in with_arms(data, [arm]).values() for b in steps.values()]
+    tokens = sum(r["tokens"] for r in rows)
+    return sum(r["n_upper"] + r["n_lower"] for r in rows) / tokens if tokens else math.nan
+
+
+def report(rows, subset=None, segment=None, plan=None, rules=TOY):
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     data = branches(rows)
     K = len(data)
@@ -268,22 +323,22 @@ def report(rows, subset=None, segment=None, plan=None):
     H_probe = mean_std([r["H_probe"] for r in rows if r["arm"] == arms[0]])[0]
     n_label = (f"{n_branch[0]}" if min(n_branch) == max(n_branch) else f"{min(n_branch)}–{max(n_branch)}")
     out = [f"# The clip per update: {K} seeds x {n_label} branch points (rollouts {steps[0]}–{steps[-1]})", "",
-           f"Arms: {', '.join(arms)}. Rules: {plan or 'experiments/results/drift-toy/plan.md'}. Units: seeds (a seed's reading "
+           f"Arms: {', '.join(arms)}. Rules: {plan or rules.plan}. Units: seeds (a seed's reading "
            f"is the mean over its branch points of a difference paired within each branch point; the design effect "
            f"is the variance inflation from clustering by seed, which the seed-mean interval carries). The family "
-           f"of {len(FAMILY)} contrasts on dH_probe is read through {LEVEL:.3%} t intervals (Bonferroni, "
-           f"0.05 / {len(FAMILY)}) on K - 1 df over the seed means; every other number is exploratory, 95%. Values "
+           f"of {len(rules.family)} contrasts on dH_probe is read through {LEVEL:.3%} t intervals (Bonferroni, "
+           f"0.05 / {len(rules.family)}) on K - 1 df over the seed means; every other number is exploratory, 95%. Values "
            f"in 1e-4 nats per token per rollout unless said. Probe entropy at the branch points: {H_probe:.3f} nats "
-           f"per token (mean). Margins: ±{SESOI * 1e4:.2f}e-4 (the smallest effect of interest), the interaction "
-           f"±{INTERACTION_MARGIN * 1e4:.2f}e-4; collapse-sized drift c = 0.9 x {COLLAPSE_H1:.3f} / 300 = "
-           f"{COLLAPSE * 1e4:.2f}e-4 (fixed: GRPO's step-1 entropy over {COLLAPSE_RUNS} committed coin runs).", ""]
+           f"per token (mean). Margins: ±{rules.sesoi * 1e4:.2f}e-4 (the smallest effect of interest), the "
+           f"interaction ±{rules.interaction * 1e4:.2f}e-4; collapse-sized drift c = {rules.collapse_note[0]} = "
+           f"{rules.collapse * 1e4:.2f}e-4 (fixed: {rules.collapse_note[1]}).", ""]
     if plan:
         out += [f"**Read by {plan}: the family's intervals over all branch points below are computed as the "
                 f"replication's plan computes them, but this data's readings are the ones its own plan names.**", ""]
     elif subset:
-        out += [f"**Seeds {subset} only: the subset the plan reads beside the full {CONFIRM_K} seeds.**", ""]
-    elif K < CONFIRM_K:
-        out += [f"**Interim: {K} of the plan's {CONFIRM_K} seeds. No reading below is the plan's.**", ""]
+        out += [f"**Seeds {subset} only: the subset the plan reads beside the full {rules.k} seeds.**", ""]
+    elif K < rules.k:
+        out += [f"**Interim: {K} of the plan's {rules.k} seeds. No reading below is the plan's.**", ""]
     # --- per arm ---
     out += ["## Per arm", "", "| arm | seeds | " + " | ".join(name for _, name in READINGS) +
             " | ESS share of the weights: mean (least) | upward / downward clips per rollout |",
@@ -301,7 +356,7 @@ def report(rows, subset=None, segment=None, plan=None):
             "| contrast | seeds | mean ± half | d_z | design effect | margin | label |",
             "|---|---|---|---|---|---|---|"]
     diffs = {}
-    for name, weights, margin in FAMILY:
+    for name, weights, margin in rules.family:
         if not all(a in arms for a in weights):
             out.append(f"| {name} | 0 | not run | | | ±{margin * 1e4:.2f} | |")
             continue
@@ -317,12 +372,19 @@ def report(rows, subset=None, segment=None, plan=None):
         sub = with_arms(data, ["clip", "noclip-matched"])
         kl_ratio = (sum(per_seed(sub, lambda b: b["noclip-matched"]["kl"])) /
                     sum(per_seed(sub, lambda b: b["clip"]["kl"])))
-    out += ["", "## Readings (the plan's rules)", ""] + verdict_lines(diffs, kl_ratio)
+    acted = clip_share(data) if rules.acted is not None else None
+    out += ["", "## Readings (the plan's rules)", ""]
+    if acted is not None and not acted >= rules.acted:  # nan (no clip arm) reads as not acted
+        out += [f"- **cannot test: the clip did not act** (it bounded {acted:.2%} of an update's tokens, under the "
+                f"plan's {rules.acted:.0%}); no contrast is read"]
+    else:
+        out += ([f"- the clip acted: it bounded {acted:.2%} of an update's tokens (the plan asks for "
+                 f"{rules.acted:.0%})"] if acted is not None else []) + verdict_lines(diffs, kl_ratio, rules)
     if segment:
         out += ["", f"## By segment of the trajectory ({segment} rollouts each; 95% t, exploratory)", "",
                 "Each contrast on dH_probe within the segment's branch points, read as the family is (seed means of "
                 "within-branch differences), at 95% and labelled by the same rule; in 1e-4 nats per token per "
-                "rollout.", ""] + segment_lines(data, arms, segment)
+                "rollout.", ""] + segment_lines(data, arms, segment, rules=rules)
     # --- exploratory ---
     out += ["", "## Exploratory (95% t; not in the family)", "",
             "dH_probe_is beside its robust companion: the median of the per-seed differences with its sign-test "
@@ -330,10 +392,10 @@ def report(rows, subset=None, segment=None, plan=None):
             "table.", "",
             "| contrast | reading | seeds | mean ± 95% t | median [sign interval] (coverage) | label |",
             "|---|---|---|---|---|---|"]
-    for name, weights, margin in FAMILY + EXPLORATORY:
+    for name, weights, margin in rules.family + rules.exploratory:
         if not all(a in arms for a in weights):
             continue
-        for key in (("dH_probe",) if (name, weights, margin) in EXPLORATORY else ()) + ("dH_probe_is", "dH_train"):
+        for key in (("dH_probe",) if (name, weights, margin) in rules.exploratory else ()) + ("dH_probe_is", "dH_train"):
             seeds, _ = contrast(data, weights, key)
             m, half, n, _ = t_of(seeds)
             med, lo, hi, cov = median_interval(seeds)
@@ -363,7 +425,7 @@ def report(rows, subset=None, segment=None, plan=None):
     return "\n".join(out) + "\n", data, arms
 
 
-def segment_lines(data, arms, size, level=0.95):
+def segment_lines(data, arms, size, level=0.95, rules=TOY):
     """Each FAMILY contrast within each segment of the trajectory (branch points at rollouts [0, size),
     [size, 2 size), ...), read as the family is (seed means of within-branch differences, t intervals, the same
     label rule) but at `level` and exploratory unless a plan says otherwise: later states have their own noise
@@ -381,7 +443,7 @@ def segment_lines(data, arms, size, level=0.95):
         f"{len(seg[c])} x {min(map(len, seg[c].values()))}" + (
             f"–{max(map(len, seg[c].values()))}" if len(set(map(len, seg[c].values()))) > 1 else "")
         for c in cuts) + " | |")
-    for name, weights, margin in FAMILY:
+    for name, weights, margin in rules.family:
         if not all(a in arms for a in weights):
             continue
         cells, sds = [], []
@@ -404,15 +466,15 @@ def _interval(m, half):
     return f"{fmt(m, half)}e-4, [{(m - half) * 1e4:+.2f}, {(m + half) * 1e4:+.2f}]"
 
 
-def verdict_lines(diffs, kl_ratio=None, c=COLLAPSE):
+def verdict_lines(diffs, kl_ratio=None, rules=TOY):
     """The plan's readings from the family {name: (mean, half at LEVEL)} on dH_probe, and noclip-matched's KL over
     the clip's (None: not run). A side "drains" where its interval lies below 0 (by less than the margin where it
     lies within it too); "Band removes the upper side's drain" needs the upper side to drain, Band-KL − clip-upper
-    above 0 and Band-KL − no-clip within ±SESOI."""
-    out = []
+    above 0 and Band-KL − no-clip within ±SESOI (the rules' margins and c)."""
+    out, c, sesoi, inter = [], rules.collapse, rules.sesoi, rules.interaction
 
     def get(name):
-        full = next(n for n, _, _ in FAMILY if n.startswith(name))
+        full = next(n for n, _, _ in rules.family if n.startswith(name))
         return (full, *diffs[full]) if full in diffs else (full, math.nan, math.nan)
 
     def sided(m, half, margin, below, above, none):
@@ -425,7 +487,7 @@ def verdict_lines(diffs, kl_ratio=None, c=COLLAPSE):
 
     name, m, half = get("clip − noclip")
     if not math.isnan(half):
-        what = sided(m, half, SESOI, "the clip drains the entropy", "the clip raises the entropy",
+        what = sided(m, half, sesoi, "the clip drains the entropy", "the clip raises the entropy",
                      "no effect of interest")
         collapse = (f"; no collapse-sized drain (lower end {(m - half) * 1e4:+.2f}e-4 > -c = {-c * 1e4:.2f}e-4)"
                     if m - half > -c else f"; a collapse-sized drain is not excluded (lower end "
@@ -436,12 +498,12 @@ def verdict_lines(diffs, kl_ratio=None, c=COLLAPSE):
         name, m, half = get(side)
         if not math.isnan(half):
             out.append(f"- {name}: {_interval(m, half)}: **" + sided(
-                m, half, SESOI, f"the {side} drains", f"the {side} raises the entropy",
+                m, half, sesoi, f"the {side} drains", f"the {side} raises the entropy",
                 f"the {side}: no effect of interest") + "**")
     name, m, half = get("interaction")
     if not math.isnan(half):  # additivity is the question: within the margin reads "add", whatever the sign
-        lab = label(m, half, INTERACTION_MARGIN)
-        what = (f"the two sides add (within ±{INTERACTION_MARGIN * 1e4:.2f}e-4)" if lab.startswith("no effect") else
+        lab = label(m, half, inter)
+        what = (f"the two sides add (within ±{inter * 1e4:.2f}e-4)" if lab.startswith("no effect") else
                 f"the sides interact ({lab})" if lab in ("below 0", "above 0") else
                 "unresolved: neither excludes 0 nor lies within the margin")
         out.append(f"- {name}: {_interval(m, half)}: **{what}**")
@@ -462,16 +524,16 @@ def verdict_lines(diffs, kl_ratio=None, c=COLLAPSE):
                          "a smaller step alone: no effect of interest")]
             for (name, m, half), *labels in readings:
                 if not math.isnan(half):
-                    out.append(f"- {name}: {_interval(m, half)}: **" + sided(m, half, SESOI, *labels) + "**")
+                    out.append(f"- {name}: {_interval(m, half)}: **" + sided(m, half, sesoi, *labels) + "**")
     name, m, half = get("bandkl − noclip")
     bu = get("bandkl − clip-upper")
     if not math.isnan(half) and not math.isnan(up[2]) and not math.isnan(bu[2]):
         drains, above = up[1] + up[2] < 0, bu[1] - bu[2] > 0
-        equiv = -SESOI <= m - half and m + half <= SESOI
+        equiv = -sesoi <= m - half and m + half <= sesoi
         verdict = ("Band removes the upper side's drain" if drains and above and equiv else
                    "not read: the upper side's drain is not shown" if not drains else
                    "not shown: Band-KL − clip-upper does not lie above 0" if not above else
-                   f"not shown: Band-KL − noclip does not lie within ±{SESOI * 1e4:.2f}e-4")
+                   f"not shown: Band-KL − noclip does not lie within ±{sesoi * 1e4:.2f}e-4")
         out.append(f"- {bu[0]}: {_interval(*bu[1:])}; {name}: {_interval(m, half)}: **{verdict}**")
     return out
 
@@ -485,6 +547,8 @@ def main(argv=None):
     ap.add_argument("--below", type=int, help="read only the branch points at rollouts < N (a common prefix)")
     ap.add_argument("--seeds", metavar="A-B", help="read only seeds A to B (the plan's fresh half: 16-31)")
     ap.add_argument("--plan", help="the analysis plan these lines are read by, where not the replication's")
+    ap.add_argument("--rules", choices=sorted(RULES), default="toy",
+                    help="the plan's fixed numbers: toy (drift-toy/plan.md) or smollm2 (drift-smollm2/plan.md)")
     ap.add_argument("--segment", type=int, metavar="N", help="also read each contrast per segment of N rollouts "
                     "(branch points spread over a long trajectory)")
     args = ap.parse_args(argv)
@@ -492,7 +556,7 @@ def main(argv=None):
     if args.seeds:
         a, b = map(int, args.seeds.split("-"))
         rows = [r for r in rows if a <= r["seed"] <= b]
-    md, data, arms = report(rows, subset=args.seeds, segment=args.segment, plan=args.plan)
+    md, data, arms = report(rows, subset=args.seeds, segment=args.segment, plan=args.plan, rules=RULES[args.rules])
     os.makedirs(args.results, exist_ok=True)
     with open(os.path.join(args.results, "drift.md"), "w") as f:
         f.write(md)

@@ -380,9 +380,10 @@ def test_merge_into_takes_whole_seeds_only(tmp_path):
     assert drift.merge_into(str(tmp_path / "run"), str(fresh), branches=2, every=1)[:2] == ([0, 2, 3], 10)
 
 
-def _rows(values, seeds=3, steps=2, kl=None, cells=None):
+def _rows(values, seeds=3, steps=2, kl=None, cells=None, clipped=0):
     """Hand-built lines: arm a's reading at (seed, step) is values[a] + a noise shared by every arm (it cancels in
-    each contrast, whose weights sum to 0), so every contrast is constant over seeds: its interval is the point."""
+    each contrast, whose weights sum to 0), so every contrast is constant over seeds: its interval is the point.
+    Each update has 1,000 tokens, `clipped` of them held by the bounds (upward) in the arms that clip."""
     cells = cells or [{"p": [0.0, 1.0], "adv": "+", "tokens": 1, "dlogp_sum": 0.0, "dH_sum": 0.0, "up": 0, "down": 0}]
     rows = []
     for seed in range(seeds):
@@ -391,14 +392,14 @@ def _rows(values, seeds=3, steps=2, kl=None, cells=None):
             for arm, v in values.items():
                 rows.append({"seed": seed, "step": step, "arm": arm, "dH_probe": v * 1e-4 + noise,
                              "dH_probe_is": v * 1e-4 + noise, "dH_train": v * 1e-4 + noise,
-                             "kl": (kl or {}).get(arm, 50e-4), "H_probe": 0.1, "ess": 0.5, "n_upper": 0,
-                             "n_lower": 0, "cells": cells})
+                             "kl": (kl or {}).get(arm, 50e-4), "H_probe": 0.1, "ess": 0.5, "tokens": 1000,
+                             "n_upper": clipped if arm.startswith("clip") else 0, "n_lower": 0, "cells": cells})
     return rows
 
 
-def _readings(values, **kw):
+def _readings(values, rules=None, **kw):
     import drift_report
-    md = drift_report.report(_rows(values, **kw))[0]
+    md = drift_report.report(_rows(values, **kw), rules=rules or drift_report.TOY)[0]
     return md[md.index("## Readings"):md.index("## Exploratory")]
 
 
@@ -447,6 +448,30 @@ def test_brake_and_step_by_hand():
     r = _readings({"noclip": 0.0, "noclip-matched": -0.5, "clip": -4.0}, kl={"noclip-matched": 100e-4})
     assert "**not read: noclip-matched's KL is 2.00x the clip's, outside [0.8, 1.25]: the steps were not matched**" in r
     assert "per-token shape" not in r
+
+
+def test_smollm2_rules_by_hand():
+    """The SmolLM2 plan's numbers from its pilot's probe entropy H = 2.628 nats per token: SESOI = H / 2 / 300 =
+    0.00438, c = 0.9 H / 300 = 0.007884, the interaction's margin half the SESOI; 48 seeds. clip − no-clip at
+    -50e-4 drains (past ±43.8) with no collapse-sized drain (-50 > -c = -78.84); at -40 it drains by less than the
+    margin; the toy's rules read the same -50 as a collapse-sized drain not excluded (c 4.71). An update whose
+    clip held 5 of 1,000 tokens (0.5%, under the plan's 1%) reads "cannot test" and no contrast; 20 (2%) is read."""
+    import drift_report as d
+    assert (d.SMOLLM2.sesoi, d.SMOLLM2.interaction, d.SMOLLM2.k) == (0.00438, 0.00219, 48)
+    assert d.SMOLLM2.collapse == pytest.approx(0.007884, rel=F64 * 8)
+    r = _readings({"noclip": 0.0, "clip": -50.0}, rules=d.SMOLLM2, clipped=20)
+    assert "- the clip acted: it bounded 2.00% of an update's tokens (the plan asks for 1%)" in r
+    assert "**the clip drains the entropy**; no collapse-sized drain (lower end -50.00e-4 > -c = -78.84e-4)" in r
+    r = _readings({"noclip": 0.0, "clip": -40.0}, rules=d.SMOLLM2, clipped=20)
+    assert "**the clip drains the entropy, by less than ±43.80e-4**" in r
+    r = _readings({"noclip": 0.0, "clip": -50.0}, clipped=20)  # the toy's rules: no clip-acted check
+    assert "**the clip drains the entropy**; a collapse-sized drain is not excluded" in r and "acted" not in r
+    r = _readings({"noclip": 0.0, "clip": -50.0}, rules=d.SMOLLM2, clipped=5)
+    assert ("- **cannot test: the clip did not act** (it bounded 0.50% of an update's tokens, under the plan's 1%); "
+            "no contrast is read") in r and "drains" not in r
+    md = d.report(_rows({"noclip": 0.0, "clip": -50.0}, clipped=20), rules=d.SMOLLM2)[0]
+    assert "**Interim: 3 of the plan's 48 seeds." in md and "Rules: experiments/results/drift-smollm2/plan.md" in md
+    assert "Margins: ±43.80e-4 (the smallest effect of interest), the interaction ±21.90e-4" in md
 
 
 def test_segments_by_hand():
