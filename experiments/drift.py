@@ -439,6 +439,49 @@ def read_pairs(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+RESUME_FREE = ("out_dir", "resume", "keep_checkpoints", "wandb")  # Config fields a trajectory's maths ignores
+SHAPING = ("arms", "every", "probe_prompts", "probe_samples", "matched_lr", "check_all")  # drift.py's own
+
+
+def check_resume(run_dir, ckpt, cfg, args):
+    """A seed continues only with the settings it began with: its checkpoint's Config (all but RESUME_FREE) and
+    drift.py's flags that shape its lines (SHAPING, kept in <run_dir>/drift.json; --branches may grow). A seed
+    begun without drift.json (an older drift.py) gets one now. Raises SystemExit naming the first difference,
+    before a model is built."""
+    path = os.path.join(run_dir, "drift.json")
+    now = {k: getattr(args, k) for k in SHAPING}
+    if ckpt:
+        with open(os.path.join(ckpt, "meta.json")) as f:
+            saved = json.load(f)["config"]
+        mine = json.loads(json.dumps(dataclasses.asdict(cfg)))
+        began = now
+        if os.path.isfile(path):
+            with open(path) as f:
+                began = json.load(f)
+        # a field newer than the checkpoint is not compared: the seed began before it existed
+        for key, old, new in ([(k, saved[k], v) for k, v in mine.items() if k in saved and k not in RESUME_FREE] +
+                              [(f"--{k.replace('_', '-')}", began.get(k), v) for k, v in now.items()]):
+            if old != new:
+                raise SystemExit(f"drift.py: {run_dir} began with {key} = {old!r}, not {new!r}: resume a seed "
+                                 f"with the settings it began with, or give it another --out")
+    if not os.path.isfile(path):
+        os.makedirs(run_dir, exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(now, f)
+        os.replace(path + ".tmp", path)
+
+
+def machine(device):
+    """What ran a line: the CUDA device's name, else the CPU's model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((x.split(":", 1)[1].strip() for x in f if x.startswith("model name")), "cpu")
+    except OSError:
+        return "cpu"
+
+
 def run_seed(args, cfg, engine, tokenizer, device, bar):
     """One base trajectory with its branch points, appended to <out>/seeds/s<seed>.jsonl; resumable
     from the checkpoint written after each branch point."""
@@ -448,6 +491,7 @@ def run_seed(args, cfg, engine, tokenizer, device, bar):
     ckpt = latest_checkpoint(run_dir) if os.path.isdir(run_dir) else None
     if ckpt and not args.resume:
         raise SystemExit(f"drift.py: {run_dir} exists; pass --resume to continue it")
+    check_resume(run_dir, ckpt, cfg, args)
     n_probe = args.probe_prompts
     records, probe_ids = load_prompts(cfg, tokenizer, n_probe * args.branches)
     model = policy.build_model(cfg, device)
@@ -488,7 +532,7 @@ def run_seed(args, cfg, engine, tokenizer, device, bar):
                           snapshot_path=snap_file)
             with open(pairs_file, "a") as f:
                 for r in rows:
-                    f.write(json.dumps({"seed": cfg.seed, "step": step, **r,
+                    f.write(json.dumps({"seed": cfg.seed, "step": step, **r, "machine": machine(device),
                                         "time_s": time.time() - t0,
                                         "cpu_s": time.process_time() - c0}) + "\n")
         rollout.sync_weights(engine, model)
@@ -565,7 +609,8 @@ arm, method, eps_low, eps_high, delta, lr; dH_probe, dH_probe_is (entropy change
 importance-weighted), kl (KL(old || new) per probe token), H_probe, ess (the weights' effective sample share);
 dH_train, dlogp_train, H_train (on the rollout's tokens); tokens, n_upper, n_lower (the update's clips),
 first_abs_dev (0: the restore check); cells (per old-probability bin x advantage sign: p, adv, tokens,
-dlogp_sum, dH_sum, up, down); time_s, cpu_s.
+dlogp_sum, dH_sum, up, down); machine (the CUDA device or CPU that ran it); time_s, cpu_s. A seed resumes only
+with the settings it began with.
 
 Flags after -- are train.py's (Config); defaults here: {}"""
 

@@ -221,6 +221,15 @@ def test_small_run_and_resume(tmp_path):
     again = [json.loads(x) for x in open(tmp_path / "pairs.jsonl")]
     assert again[:4] == first
     assert [(r["step"], r["arm"]) for r in again[4:]] == [(2, "clip"), (2, "noclip")]
+    assert all(r["machine"] for r in again)
+    # a seed resumes only with the settings it began with: another lr, or other arms, is refused by name
+    other_arms = list(cmd)
+    other_arms[cmd.index("--arms") + 1] = "clip"
+    for bad, name in ((cmd[:cut] + ["--resume"] + cmd[cut:] + ["--lr", "3e-4"], b"began with lr = "),
+                      (other_arms[:cut] + ["--resume"] + other_arms[cut:], b"began with --arms = ")):
+        refused = subprocess.run(bad, cwd=ROOT, env=env, capture_output=True, timeout=600)
+        assert refused.returncode != 0 and name in refused.stderr, refused.stderr[-300:]
+    assert [json.loads(x) for x in open(tmp_path / "pairs.jsonl")] == again  # nothing was redone or lost
 
 
 def test_report_reads_seed_means_by_hand(tmp_path):
