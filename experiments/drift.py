@@ -637,11 +637,17 @@ def parse_args(argv=None):
                     help="run the first arm twice at every branch point, not only the first")
     ap.add_argument("--out", default="runs/drift", help="run directory: pairs.jsonl, seeds/, s<seed>/")
     ap.add_argument("--resume", action="store_true", help="skip finished (seed, step), continue")
+    ap.add_argument("--skip-merged", metavar="PAIRS_GZ", help="leave out the --seeds this pairs file holds already "
+                    "(a fresh machine adding seeds to the committed results)")
+    ap.add_argument("--minutes", type=float, help="whole seeds within N minutes (a machine lent for N): start a "
+                    "seed only where the longest one so far would still end in time; the first always starts")
     ap.add_argument("--merge-into", metavar="PAIRS_GZ", help="add --out's finished seeds (all --branches "
                     "branch points) to this pairs.jsonl.gz, and train nothing")
     ap.add_argument("--analyse", metavar="PAIRS", help="write the report of a pairs.jsonl (or run "
                     "directory) with drift_report.py, and train nothing")
     args = ap.parse_args(ours)
+    if args.minutes is not None and not args.minutes > 0:
+        ap.error(f"--minutes must be above 0, got {args.minutes:g}")
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     args.arms = [a for a in args.arms.split(",") if a]
     return args, rest
@@ -656,6 +662,15 @@ def main(argv=None):
         seeds, n, skipped = merge_into(args.out, args.merge_into, args.branches, args.every)
         print(f"{args.merge_into}: {n} lines added from seeds {seeds}; not merged: {skipped or 'none'}")
         return
+    if args.skip_merged:
+        from machinery.jsonl import jsonl_path, read_jsonl
+        have = {r["seed"] for r in read_jsonl(args.skip_merged)} if jsonl_path(args.skip_merged) else set()
+        done = [s for s in args.seeds if s in have]
+        args.seeds = [s for s in args.seeds if s not in have]
+        print(f"drift.py: seeds {done or 'none'} are in {args.skip_merged} already; running "
+              f"{args.seeds or 'none'}", file=sys.stderr)
+        if not args.seeds:
+            return
     refused = refused_flag(rest)
     if refused:  # one line, before a model or an engine starts
         name = refused.split()[0][2:].replace("-", "_")
@@ -680,9 +695,16 @@ def main(argv=None):
     total = len(args.seeds) * args.branches * args.every
     with tqdm(total=total, desc="rollouts", dynamic_ncols=True,
               mininterval=1 if sys.stderr.isatty() else 60) as bar:
-        for seed in args.seeds:
+        start, longest = time.time(), 0.0
+        for i, seed in enumerate(args.seeds):
+            if args.minutes is not None and i and time.time() - start + longest > 60 * args.minutes:
+                print(f"drift.py: {time.time() - start:.0f} s gone, the longest seed took {longest:.0f} s: "
+                      f"stopping before seed {seed} to end within {args.minutes:g} minutes", file=sys.stderr)
+                break
+            t0 = time.time()
             run_seed(args, dataclasses.replace(cfg, seed=seed, out_dir=args.out), engine,
                      tokenizer, device, bar)
+            longest = max(longest, time.time() - t0)
     n = merge(args.out)
     print(f"{n} lines in {os.path.join(args.out, 'pairs.jsonl')}")
     if engine is not None:

@@ -195,6 +195,15 @@ def test_probe_readings_by_hand():
     assert r["ess"] == pytest.approx(1 / ((1.8 / 2.8) ** 2 + (1 / 2.8) ** 2) / 2, rel=1e-12)
 
 
+def _shell_env():
+    """The module's process group (the fixture above) leaves its rendezvous variables in os.environ, and its store
+    still holds that port: a drift.py command must pick its own, as a run from a shell does."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
 def test_small_run_and_resume(tmp_path):
     """The command runs 2 branch points x 2 arms, writes the public keys, and --resume with more branch points
     keeps the finished lines and adds only the new step."""
@@ -202,11 +211,7 @@ def test_small_run_and_resume(tmp_path):
            "--probe-prompts", "4", "--probe-samples", "2", "--out", str(tmp_path), "--branches", "2", "--",
            "--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", "2", "--max-new-tokens", "8",
            "--train-dtype", "float32", "--rollout-dtype", "float32"]
-    # the module's process group (the fixture above) leaves its rendezvous variables in os.environ, and its store
-    # still holds that port: the command must pick its own, as a run from a shell does
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env["OMP_NUM_THREADS"] = "1"
+    env = _shell_env()
     subprocess.run(cmd, check=True, cwd=ROOT, env=env, capture_output=True, timeout=600)
     first = [json.loads(x) for x in open(tmp_path / "pairs.jsonl")]
     assert [(r["step"], r["arm"]) for r in first] == [(0, "clip"), (0, "noclip"), (1, "clip"), (1, "noclip")]
@@ -230,6 +235,31 @@ def test_small_run_and_resume(tmp_path):
         refused = subprocess.run(bad, cwd=ROOT, env=env, capture_output=True, timeout=600)
         assert refused.returncode != 0 and name in refused.stderr, refused.stderr[-300:]
     assert [json.loads(x) for x in open(tmp_path / "pairs.jsonl")] == again  # nothing was redone or lost
+
+
+def test_minutes_stops_between_whole_seeds(tmp_path):
+    """--minutes 0.001 (60 ms): the first seed always runs, and no second one fits after it; the run says so and
+    keeps the first seed's lines. --minutes 0 is refused by name. --skip-merged leaves out a merged seed."""
+    cmd = [sys.executable, os.path.join(ROOT, "experiments", "drift.py"), "--seeds", "0,1", "--arms", "clip,noclip",
+           "--probe-prompts", "4", "--probe-samples", "2", "--out", str(tmp_path), "--branches", "1", "--minutes",
+           "0.001", "--", "--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", "2",
+           "--max-new-tokens", "8", "--train-dtype", "float32", "--rollout-dtype", "float32"]
+    env = _shell_env()
+    done = subprocess.run(cmd, check=True, cwd=ROOT, env=env, capture_output=True, timeout=600)
+    assert b"stopping before seed 1 to end within 0.001 minutes" in done.stderr
+    assert {(r["seed"], r["arm"]) for r in map(json.loads, open(tmp_path / "pairs.jsonl"))} == {
+        (0, "clip"), (0, "noclip")}
+    cmd[cmd.index("--minutes") + 1] = "0"
+    refused = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=600)
+    assert refused.returncode == 2 and b"--minutes must be above 0, got 0" in refused.stderr
+    # a fresh machine leaves out the seeds the committed file holds: here all of them, so nothing starts
+    target = tmp_path / "committed.jsonl.gz"
+    drift.merge_into(str(tmp_path), str(target), branches=1, every=1)
+    cmd[cmd.index("--minutes") + 1] = "1"
+    cmd[cmd.index("--seeds") + 1] = "0"
+    skipped = subprocess.run(cmd[:2] + ["--skip-merged", str(target)] + cmd[2:], check=True, cwd=ROOT, env=env,
+                             capture_output=True, timeout=600)
+    assert f"seeds [0] are in {target} already; running none".encode() in skipped.stderr
 
 
 def test_report_reads_seed_means_by_hand(tmp_path):
