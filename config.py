@@ -88,7 +88,7 @@ class Config:
     train_dtype: str = "auto"         # compute dtype, fp32 master weights: auto = bf16 where native
     # --- engines, logging, checkpoints ---
     rollout: str = "auto"             # rollout engine: vllm, hf, auto (vLLM when importable)
-    rollout_dtype: str = "auto"       # engine weights: auto (as --train-dtype), float32, bfloat16
+    rollout_dtype: str = "auto"       # engine weights: float32, bfloat16, or auto: bf16 where native, not --train-dtype
     gpu_memory_utilization: float = 0.5  # vLLM's GPU share (weights, KV cache); sleeps in updates
     verbose: bool = False             # also show vLLM's INFO logs (or set VLLM_LOGGING_LEVEL)
     eval_every: int = 10              # evaluate every k steps, at step 0 and at the end; 0 = never

@@ -47,8 +47,10 @@ import random
 import sys
 import time
 
-import torch
-from tqdm import tqdm
+START = time.time()  # before the heavy imports: --minutes counts them
+
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -61,6 +63,7 @@ import train  # noqa: E402
 from config import method_defaults, parse_config, resolve_config  # noqa: E402
 from logprobs import pack  # noqa: E402
 from machinery.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint  # noqa: E402
+from machinery.jsonl import read_appended  # noqa: E402
 
 ARMS = ("clip", "noclip", "bandkl", "clip-upper", "clip-higher", "clip-lower",
         "noclip-matched")  # the protocol's arms
@@ -90,12 +93,13 @@ REFUSED = {
     "wandb": "no wandb logging", "verbose": "the engine's logs are not configured here",
     "gpu_memory_utilization": "the engine is built without it",
 }
+# kl_kind acts only with --kl-coef > 0: inert, as in train.py
 HONOURED = ("method", "delta", "max_ratio", "clip_c", "agg", "norm_by_std", "kl_kind", "rollout_is",
             "rollout_is_max", "rollout_is_min", "model", "data", "eval_data", "reward", "reward_correct",
             "reward_incorrect", "prompts_per_step", "group_size", "mini_batch_prompts", "micro_batch_size",
             "micro_batch_tokens", "pack", "max_prompt_len", "max_new_tokens", "temperature", "top_p", "lr",
             "weight_decay", "grad_clip", "grad_checkpointing", "share_prompt", "train_dtype", "rollout",
-            "rollout_dtype", "recompute", "compile_layers")  # kl_kind acts only with --kl-coef > 0: inert, as in train.py
+            "rollout_dtype", "recompute", "compile_layers")
 
 
 def refused_flag(rest):
@@ -434,37 +438,34 @@ def shares_engine(cfg):
             and train.WORLD == 1)
 
 
-def read_pairs(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 RESUME_FREE = ("out_dir", "resume", "keep_checkpoints", "wandb")  # Config fields a trajectory's maths ignores
 SHAPING = ("arms", "every", "probe_prompts", "probe_samples", "matched_lr", "check_all")  # drift.py's own
 
 
-def check_resume(run_dir, ckpt, cfg, args):
-    """A seed continues only with the settings it began with: its checkpoint's Config (all but RESUME_FREE) and
-    drift.py's flags that shape its lines (SHAPING, kept in <run_dir>/drift.json; --branches may grow). A seed
-    begun without drift.json (an older drift.py) gets one now. Raises SystemExit naming the first difference,
-    before a model is built."""
+def check_resume(run_dir, ckpt, cfg, args, device):
+    """A seed continues only with the settings it began with, on the machine it began on: its checkpoint's Config
+    (all but RESUME_FREE) and drift.py's flags that shape its lines (SHAPING) and the machine, kept in
+    <run_dir>/drift.json (written whenever the seed starts afresh; --branches may grow). A key newer than the
+    record is not compared; a seed begun by a drift.py without the record has none checked. Raises SystemExit
+    naming the first difference, before a model is built."""
     path = os.path.join(run_dir, "drift.json")
-    now = {k: getattr(args, k) for k in SHAPING}
+    now = {**{k: getattr(args, k) for k in SHAPING}, "machine": machine(device)}
     if ckpt:
         with open(os.path.join(ckpt, "meta.json")) as f:
             saved = json.load(f)["config"]
         mine = json.loads(json.dumps(dataclasses.asdict(cfg)))
-        began = now
+        began = {}
         if os.path.isfile(path):
             with open(path) as f:
                 began = json.load(f)
-        # a field newer than the checkpoint is not compared: the seed began before it existed
+        # a field newer than the record is not compared: the seed began before it existed
         for key, old, new in ([(k, saved[k], v) for k, v in mine.items() if k in saved and k not in RESUME_FREE] +
-                              [(f"--{k.replace('_', '-')}", began.get(k), v) for k, v in now.items()]):
+                              [(k if k == "machine" else f"--{k.replace('_', '-')}", began[k], v)
+                               for k, v in now.items() if k in began]):
             if old != new:
                 raise SystemExit(f"drift.py: {run_dir} began with {key} = {old!r}, not {new!r}: resume a seed "
-                                 f"with the settings it began with, or give it another --out")
-    if not os.path.isfile(path):
+                                 f"with the settings it began with, on its machine, or give it another --out")
+    else:
         os.makedirs(run_dir, exist_ok=True)
         with open(path + ".tmp", "w") as f:
             json.dump(now, f)
@@ -491,7 +492,7 @@ def run_seed(args, cfg, engine, tokenizer, device, bar):
     ckpt = latest_checkpoint(run_dir) if os.path.isdir(run_dir) else None
     if ckpt and not args.resume:
         raise SystemExit(f"drift.py: {run_dir} exists; pass --resume to continue it")
-    check_resume(run_dir, ckpt, cfg, args)
+    check_resume(run_dir, ckpt, cfg, args, device)
     n_probe = args.probe_prompts
     records, probe_ids = load_prompts(cfg, tokenizer, n_probe * args.branches)
     model = policy.build_model(cfg, device)
@@ -507,7 +508,7 @@ def run_seed(args, cfg, engine, tokenizer, device, bar):
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     start = load_checkpoint(ckpt, model, optimizer) if ckpt else 0
-    kept = [r for r in read_pairs(pairs_file) if r["step"] < start] \
+    kept = [r for r in read_appended(pairs_file) if r["step"] < start] \
         if os.path.isfile(pairs_file) else []
     os.makedirs(os.path.dirname(pairs_file), exist_ok=True)
     with open(pairs_file + ".tmp", "w") as f:  # lines past the checkpoint are redone
@@ -547,7 +548,7 @@ def merge(out):
     """<out>/pairs.jsonl: every seed's lines, sorted by (seed, step), written atomically."""
     folder = os.path.join(out, "seeds")
     rows = [r for name in sorted(os.listdir(folder)) if name.endswith(".jsonl")
-            for r in read_pairs(os.path.join(folder, name))]
+            for r in read_appended(os.path.join(folder, name))]
     rows.sort(key=lambda r: (r["seed"], r["step"]))
     tmp = os.path.join(out, f"pairs.jsonl.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
@@ -558,8 +559,8 @@ def merge(out):
 
 def _same_reading(kept, new):
     """A committed line and a new one of the same (seed, step, arm) agree on every reading the
-    committed one holds (not its times; a newer drift.py may add keys)."""
-    return all(k in new and new[k] == v for k, v in kept.items() if k not in ("time_s", "cpu_s"))
+    committed one holds (not its times or machine; a newer drift.py may add keys)."""
+    return all(k in new and new[k] == v for k, v in kept.items() if k not in ("time_s", "cpu_s", "machine"))
 
 
 def merge_into(out, target, branches, every):
@@ -576,7 +577,7 @@ def merge_into(out, target, branches, every):
     want = set(range(0, branches * every, every))
     merged, added, skipped = [], [], []
     for name in sorted(os.listdir(os.path.join(out, "seeds"))):
-        rows = read_pairs(os.path.join(out, "seeds", name)) if name.endswith(".jsonl") else []
+        rows = read_appended(os.path.join(out, "seeds", name)) if name.endswith(".jsonl") else []
         if not rows:
             continue
         seed, arms = rows[0]["seed"], [r["arm"] for r in rows if r["step"] == rows[0]["step"]]
@@ -664,11 +665,12 @@ def main(argv=None):
         return
     if args.skip_merged:
         from machinery.jsonl import jsonl_path, read_jsonl
-        have = {r["seed"] for r in read_jsonl(args.skip_merged)} if jsonl_path(args.skip_merged) else set()
+        found = jsonl_path(args.skip_merged)
+        have = {r["seed"] for r in read_jsonl(found)} if found else set()
         done = [s for s in args.seeds if s in have]
         args.seeds = [s for s in args.seeds if s not in have]
-        print(f"drift.py: seeds {done or 'none'} are in {args.skip_merged} already; running "
-              f"{args.seeds or 'none'}", file=sys.stderr)
+        print(f"drift.py: seeds {done or 'none'} are in {args.skip_merged} already"
+              f"{'' if found else ' (no such file yet)'}; running {args.seeds or 'none'}", file=sys.stderr)
         if not args.seeds:
             return
     refused = refused_flag(rest)
@@ -695,10 +697,10 @@ def main(argv=None):
     total = len(args.seeds) * args.branches * args.every
     with tqdm(total=total, desc="rollouts", dynamic_ncols=True,
               mininterval=1 if sys.stderr.isatty() else 60) as bar:
-        start, longest = time.time(), 0.0
-        for i, seed in enumerate(args.seeds):
-            if args.minutes is not None and i and time.time() - start + longest > 60 * args.minutes:
-                print(f"drift.py: {time.time() - start:.0f} s gone, the longest seed took {longest:.0f} s: "
+        longest = 0.0
+        for i, seed in enumerate(args.seeds):  # --minutes counts from the process's start (START), imports too
+            if args.minutes is not None and i and time.time() - START + longest > 60 * args.minutes:
+                print(f"drift.py: {time.time() - START:.0f} s gone, the longest seed took {longest:.0f} s: "
                       f"stopping before seed {seed} to end within {args.minutes:g} minutes", file=sys.stderr)
                 break
             t0 = time.time()

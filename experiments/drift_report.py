@@ -327,14 +327,14 @@ def report(rows, subset=None, segment=None, plan=None, rules=TOY):
            f"is the mean over its branch points of a difference paired within each branch point; the design effect "
            f"is the variance inflation from clustering by seed, which the seed-mean interval carries). The family "
            f"of {len(rules.family)} contrasts on dH_probe is read through {LEVEL:.3%} t intervals (Bonferroni, "
-           f"0.05 / {len(rules.family)}) on K - 1 df over the seed means; every other number is exploratory, 95%. Values "
-           f"in 1e-4 nats per token per rollout unless said. Probe entropy at the branch points: {H_probe:.3f} nats "
+           f"0.05 / {len(rules.family)}) on K - 1 df over the seed means; every other number is exploratory, 95%. "
+           f"Values in 1e-4 nats per token per rollout unless said. Probe entropy at the branch points: {H_probe:.3f} nats "
            f"per token (mean). Margins: ±{rules.sesoi * 1e4:.2f}e-4 (the smallest effect of interest), the "
            f"interaction ±{rules.interaction * 1e4:.2f}e-4; collapse-sized drift c = {rules.collapse_note[0]} = "
            f"{rules.collapse * 1e4:.2f}e-4 (fixed: {rules.collapse_note[1]}).", ""]
     if plan:
-        out += [f"**Read by {plan}: the family's intervals over all branch points below are computed as the "
-                f"replication's plan computes them, but this data's readings are the ones its own plan names.**", ""]
+        out += [f"**Read by {plan}: the family's intervals over all branch points below are computed as "
+                f"{rules.plan} computes them, but this data's readings are the ones its own plan names.**", ""]
     elif subset:
         out += [f"**Seeds {subset} only: the subset the plan reads beside the full {rules.k} seeds.**", ""]
     elif K < rules.k:
@@ -374,7 +374,9 @@ def report(rows, subset=None, segment=None, plan=None, rules=TOY):
                     sum(per_seed(sub, lambda b: b["clip"]["kl"])))
     acted = clip_share(data) if rules.acted is not None else None
     out += ["", "## Readings (the plan's rules)", ""]
-    if acted is not None and not acted >= rules.acted:  # nan (no clip arm) reads as not acted
+    if acted is not None and math.isnan(acted):
+        out += ["- **cannot test: no clip arm ran**, so whether the clip acted is unknown; no contrast is read"]
+    elif acted is not None and acted < rules.acted:
         out += [f"- **cannot test: the clip did not act** (it bounded {acted:.2%} of an update's tokens, under the "
                 f"plan's {rules.acted:.0%}); no contrast is read"]
     else:
@@ -395,7 +397,8 @@ def report(rows, subset=None, segment=None, plan=None, rules=TOY):
     for name, weights, margin in rules.family + rules.exploratory:
         if not all(a in arms for a in weights):
             continue
-        for key in (("dH_probe",) if (name, weights, margin) in rules.exploratory else ()) + ("dH_probe_is", "dH_train"):
+        own = ("dH_probe",) if (name, weights, margin) in rules.exploratory else ()
+        for key in own + ("dH_probe_is", "dH_train"):
             seeds, _ = contrast(data, weights, key)
             m, half, n, _ = t_of(seeds)
             med, lo, hi, cov = median_interval(seeds)

@@ -30,6 +30,14 @@ def open_jsonl(path):
     return gzip.open(found, "rt") if found.endswith(".gz") else open(found)
 
 
+def read_appended(path):
+    """The whole lines of a plain file that a process appends to, as dicts: a last line cut short (its writer was
+    stopped mid-write, so no newline ends it) is not a line yet. A broken line before the last is an error."""
+    with open(path) as f:
+        text = f.read()
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
 def read_jsonl(path):
     """Every non-blank line of `path` (plain or gzipped) as a dict."""
     with open_jsonl(path) as f:

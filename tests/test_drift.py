@@ -230,10 +230,16 @@ def test_small_run_and_resume(tmp_path):
     # a seed resumes only with the settings it began with: another lr, or other arms, is refused by name
     other_arms = list(cmd)
     other_arms[cmd.index("--arms") + 1] = "clip"
+    record = json.loads((tmp_path / "s0" / "drift.json").read_text())
+    assert record["arms"] == ["clip", "noclip"] and record["machine"]
     for bad, name in ((cmd[:cut] + ["--resume"] + cmd[cut:] + ["--lr", "3e-4"], b"began with lr = "),
                       (other_arms[:cut] + ["--resume"] + other_arms[cut:], b"began with --arms = ")):
         refused = subprocess.run(bad, cwd=ROOT, env=env, capture_output=True, timeout=600)
         assert refused.returncode != 0 and name in refused.stderr, refused.stderr[-300:]
+    (tmp_path / "s0" / "drift.json").write_text(json.dumps(dict(record, machine="another CPU")))
+    refused = subprocess.run(cmd[:cut] + ["--resume"] + cmd[cut:], cwd=ROOT, env=env, capture_output=True,
+                             timeout=600)
+    assert refused.returncode != 0 and b"began with machine = 'another CPU'" in refused.stderr
     assert [json.loads(x) for x in open(tmp_path / "pairs.jsonl")] == again  # nothing was redone or lost
 
 

@@ -12,15 +12,16 @@ import drift  # noqa: E402
 
 
 def test_smoke_run_hands_whole_seeds_to_merge(tmp_path):
-    """Two processes, --minutes 0.001: each runs the first of its seeds (0 and 1; the first always starts) and no
-    second one; both seeds are whole (1 branch point x 2 arms), copied to OUT/seeds, and --merge-into takes them.
+    """Two processes, --minutes 0.05 (3 s, less than a process's imports): each runs the first of its seeds (0
+    and 1; the first always starts) and not its second (2, 3); both seeds are whole (1 branch point x 2 arms),
+    copied to OUT/seeds, and --merge-into takes them. The guard (--grace 600) is a hang guard only here.
     The plan's spec is the plan's numbers (checked against plan.md's text, not against the script)."""
     out, run = tmp_path / "out", tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "scripts/gpu_drift.py", "--smoke", "--jobs", "2", "--minutes", "0.001",
-                           "--out", str(out), "--run", str(run)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run([sys.executable, "scripts/gpu_drift.py", "--smoke", "--jobs", "2", "--minutes", "0.05",
+                           "--grace", "600", "--out", str(out), "--run", str(run)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:]
     summary = (out / "summary.md").read_text()
     assert summary.startswith("# gpu_drift: 2 whole seeds") and "- seeds: [0, 1]" in summary

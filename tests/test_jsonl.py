@@ -156,3 +156,19 @@ def test_committed_table_reissues_from_the_compressed_runs(tmp_path):
                           "--figure", str(tmp_path / "h.png")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert filecmp.cmp(tmp_path / "res" / "horizon.md", os.path.join(results, "horizon.md"), shallow=False)
+
+
+def test_read_appended_leaves_out_a_line_cut_short(tmp_path):
+    """A file whose writer was stopped mid-line: two whole lines, then 12 characters of a third without its newline.
+    The reader gives the two; a broken line before the last is an error, not skipped."""
+    from machinery.jsonl import read_appended
+    f = tmp_path / "s0.jsonl"
+    f.write_text('{"a": 1}\n{"a": 2}\n{"a": 3, "b"')
+    assert read_appended(str(f)) == [{"a": 1}, {"a": 2}]
+    f.write_text('{"a": 1}\n{"a": 2}\n')
+    assert read_appended(str(f)) == [{"a": 1}, {"a": 2}]
+    f.write_text('{"a": 1\n{"a": 2}\n')
+    with pytest.raises(json.JSONDecodeError):
+        read_appended(str(f))
+    f.write_text("")
+    assert read_appended(str(f)) == []
