@@ -22,7 +22,8 @@ Config flags this script cannot honour (--kl-coef > 0, --old-logp engine, ... `R
 
     python experiments/drift.py --seeds 0,1 --branches 60 --out runs/drift-toy \\
         -- --lr 1e-4 --mini-batch-prompts 2 --train-dtype float32     # flags after -- go to Config
-    python experiments/drift.py --resume --seeds 0,1 --branches 60 --out runs/drift-toy   # continue
+    python experiments/drift.py --resume ...   # continue: the same command (a seed resumes only as it began)
+    python experiments/drift.py --minutes 10 --skip-merged PAIRS_GZ ...   # whole seeds in 10 min, new ones only
     python experiments/drift.py --analyse runs/drift-toy   # drift_report.py: drift.md and the figure
     python experiments/drift.py --out runs/drift-toy --branches 60 \
         --merge-into experiments/results/drift-toy/pairs.jsonl.gz   # finished seeds into the committed file
