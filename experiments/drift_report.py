@@ -328,8 +328,8 @@ def report(rows, subset=None, segment=None, plan=None, rules=TOY):
            f"is the variance inflation from clustering by seed, which the seed-mean interval carries). The family "
            f"of {len(rules.family)} contrasts on dH_probe is read through {LEVEL:.3%} t intervals (Bonferroni, "
            f"0.05 / {len(rules.family)}) on K - 1 df over the seed means; every other number is exploratory, 95%. "
-           f"Values in 1e-4 nats per token per rollout unless said. Probe entropy at the branch points: {H_probe:.3f} nats "
-           f"per token (mean). Margins: ±{rules.sesoi * 1e4:.2f}e-4 (the smallest effect of interest), the "
+           f"Values in 1e-4 nats per token per rollout unless said. Probe entropy at the branch points: "
+           f"{H_probe:.3f} nats per token (mean). Margins: ±{rules.sesoi * 1e4:.2f}e-4 (the smallest effect of interest), the "
            f"interaction ±{rules.interaction * 1e4:.2f}e-4; collapse-sized drift c = {rules.collapse_note[0]} = "
            f"{rules.collapse * 1e4:.2f}e-4 (fixed: {rules.collapse_note[1]}).", ""]
     if plan:

@@ -3,10 +3,11 @@
 Whole seeds only: up to JOBS drift.py processes share the device, each taking every JOBS-th of the plan's seeds
 that `pairs.jsonl.gz` lacks, and each starts a seed only where its longest so far would still end within the
 MINUTES counted from this script's start (`drift.py --minutes`, given what is left at launch). A process still
-running GRACE seconds past them is stopped with everything it started; its unfinished seed is left out. The finished seeds' lines are copied to OUT/seeds, where `--merge-into` reads them:
+running GRACE seconds past them is stopped with everything it started; its unfinished seed is left out. The
+finished seeds' lines are copied to OUT/seeds, where `--merge-into` reads them:
 
-    timeout 560 python3 scripts/gpu_drift.py --minutes 7 --jobs 6 --out $OUT/drift          # on the machine
-    python experiments/drift.py --out <that folder> --branches 10 \\
+    timeout 560 python3 scripts/gpu_drift.py --minutes 7 --jobs 6 --out runs/gpu-drift       # on the machine
+    python experiments/drift.py --out runs/gpu-drift --branches 10 \\
         --merge-into experiments/results/drift-smollm2/pairs.jsonl.gz                      # here, whole seeds only
 
 As scripts/gpu_check.py does, it first installs the carried wheels the machine lacks (`.whl/gpu`: math-verify for
