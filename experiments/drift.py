@@ -603,7 +603,7 @@ def merge_into(out, target, branches, every):
     with open(tmp, "wb") as f:
         f.write(buf.getvalue())
     os.replace(tmp, target)
-    return merged, len(added), skipped
+    return sorted(merged), len(added), skipped
 
 
 KEYS = """pairs.jsonl, one line per (seed, branch point, arm): seed; step (train.py's 0-based rollout index);
@@ -662,7 +662,8 @@ def main(argv=None):
         return drift_report.main([args.analyse] + rest)
     if args.merge_into:
         seeds, n, skipped = merge_into(args.out, args.merge_into, args.branches, args.every)
-        print(f"{args.merge_into}: {n} lines added from seeds {seeds}; not merged: {skipped or 'none'}")
+        print(f"{args.merge_into}: {n} lines added; whole seeds in {args.out} (their lines already there kept): "
+              f"{seeds}; not merged: {skipped or 'none'}")
         return
     if args.skip_merged:
         from machinery.jsonl import jsonl_path, read_jsonl
