@@ -3,7 +3,8 @@
 A run's metrics.jsonl holds ~56 keys per step, ~100 KB gzipped over 300 steps. The long coin runs add 42 such runs,
 more than the tracked tree has room for (it stays under 20 MiB, tests/test_tree_size.py). This copies each
 finished run of SRC to DEST/<run>/: config.json byte for byte, and metrics.jsonl.gz with `step`, KEYS and every
-`eval/` key of each line (~19 KB), as `gzip -n -9` writes it (compress_results.gzip_bytes), read back and compared with the slim lines before it is moved into place.
+`eval/` key of each line (~19 KB), as `gzip -n -9` writes it (compress_results.gzip_bytes), read back and
+compared with the slim lines before it is moved into place.
 
 - A run short of its config's max_steps is left out and named (compress_results.unfinished).
 - A run already in DEST is left as it is: said "already there" where its lines equal SRC's slim lines, named
