@@ -172,7 +172,21 @@ def run_section(args):
 
 
 # --- the run: each section in a subprocess ----------------------------------------------------------------------
-RUNNING = {"proc": None, "name": None}
+RUNNING = {"proc": None, "name": None, "t0": None}
+
+
+def stopped_record(out, name, t0):
+    """The record of section `name`, stopped from outside (SIGTERM) while running: what it had measured (its
+    partial file, common.progress), its seconds so far and its log's tail."""
+    result, log = out / "sections" / f"{name}.json", log_path(out, name)
+    try:
+        partial = json.loads(result.read_text()) if result.is_file() else {}
+    except ValueError:  # caught mid-write: progress() replaces the file whole, so this is not expected
+        partial = {}
+    return {"seconds": round(time.time() - t0, 1), **partial, "status": "timeout",
+            "error": "the check was stopped (SIGTERM) while this section ran",
+            "log_tail": log.read_text(errors="replace")[-2000:] if log.is_file() else "",
+            "log": str(log.relative_to(out))}
 
 
 def run_one(name, args, out, budget):
@@ -185,13 +199,13 @@ def run_one(name, args, out, budget):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
-        RUNNING.update(proc=proc, name=name)
+        RUNNING.update(proc=proc, name=name, t0=time.time())
         try:
             rc, timed_out = proc.wait(budget), False
         except subprocess.TimeoutExpired:
             common.kill_tree(proc)
             rc, timed_out = proc.returncode, True
-        RUNNING.update(proc=None, name=None)
+        RUNNING.update(proc=None, name=None, t0=None)
     sec = json.loads(result.read_text()) if result.is_file() else {}
     tail = log.read_text(errors="replace")[-2000:]
     if timed_out:
@@ -288,7 +302,7 @@ def main():
         proc, name = RUNNING["proc"], RUNNING["name"]
         if proc:
             common.kill_tree(proc, grace=3)
-            report["sections"][name] = {"status": "timeout", "seconds": 0.0, "error": "the check was stopped"}
+            report["sections"][name] = stopped_record(out, name, RUNNING["t0"])
         write_report(report, out, start)
         sys.exit(143)
 
@@ -308,6 +322,10 @@ def main():
         write_report(report, out, start)
         print(f"gpu_check: {name}: {sec['status']} ({report['sections'][name]['seconds']} s)", flush=True)
     bad = [n for n, s in report["sections"].items() if s["status"] in ("failed", "timeout")]
+    if names and all(s["status"] == "skipped" for s in report["sections"].values()):  # nothing asked for ran
+        why = "; ".join(f"{n}: {s.get('reason', 'skipped')}" for n, s in report["sections"].items())
+        print(f"gpu_check.py: none of the requested sections ran ({why})", file=sys.stderr)
+        sys.exit(1)
     print(f"gpu_check: wrote {out / 'report.md'} and report.json ({report['total_s']:.0f} s)"
           + (f"; not ok: {', '.join(bad)}" if bad else ""))
     sys.exit(1 if bad else 0)
