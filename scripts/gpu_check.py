@@ -5,7 +5,8 @@
     bash scripts/gpu_wheels.sh; python scripts/gpu_stage.py vllm    # here, before: what the GPU machine lacks
 
 Sections, in the order of what they are worth, each in a subprocess of its own with a hard time budget (BUDGETS):
-  tests   pytest -m gpu: Band on CUDA against the CPU, the packed kernels (a GQA model too) against float64
+  tests   pytest -m gpu: Band on CUDA against the CPU, the packed kernels (a GQA model too) against float64,
+          float32 FlexAttention forward and backward
   pack    the update at Qwen2.5-1.5B's shape and long-tailed lengths: padded vs packed, recomputation full,
           selective and none, compiled layers; MFU on real tokens, and the settings' losses and gradients agreeing
           within the bf16 bound (scripts/gpu_check_update.py)
@@ -83,15 +84,17 @@ SIZES = {
 # --- sections (each runs in its own process: `--section NAME`) ------------------------------------------------------
 def section_tests(args, size, out):
     """The suite's CUDA tests: `pytest -m gpu` on the files that mark some (all skipped on CPU). Where varlen is
-    this GPU's packed kernel the flex cases are left out: each compiles FlexAttention cold (24 s on an H200) to check
-    a kernel that does not run here."""
+    this GPU's bf16 packed kernel the bf16 flex cases are left out (each compiles FlexAttention cold, 24 s on an
+    H200, for a kernel bf16 runs do not use there); tests/test_pack_flex.py always runs: FlexAttention is the kernel
+    of every float32 run with --pack, so its float32 forward and backward (GQA) are checked wherever the check runs."""
     import xml.etree.ElementTree as ET
 
     from machinery import packed_attention
 
     files = [str(f.relative_to(ROOT)) for f in sorted([*ROOT.glob("tests/test_*.py"), *ROOT.glob("derivations/*.py")])
              if "mark.gpu" in f.read_text()]
-    select = ["-k", "not flex"] if args.device == "cuda" and packed_attention.kernel_for("cuda") == "varlen" else []
+    select = (["-k", "not flex or test_pack_flex"]
+              if args.device == "cuda" and packed_attention.kernel_for("cuda") == "varlen" else [])
     xml = out / "tests.xml"
     rc, log = run_cmd([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
                        f"--junitxml={xml}", *select, *files], log=log_path(out, "tests-pytest"))
