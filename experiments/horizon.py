@@ -37,7 +37,7 @@ from compare import clip_counts, load_tables, plot_seeds, run_reward  # noqa: E4
 from machinery.jsonl import jsonl_path, read_jsonl  # noqa: E402
 from verdicts import (ONE_SEED, SUMMARY_WINDOWS, TESTABLE, arm_name, at_window, ci,  # noqa: E402
                       entropy_control, is_random, mean_std, mean_std_cell, one_seed_check, regime, t_interval,
-                      verdict_windows, verdicts)
+                      verdict_windows, verdicts, NI_MARGIN, noninferiority)
 
 WINDOW = 10      # steps in a trailing mean (per-step metrics come from 256 completions: noisy one by one)
 LAST_EVALS = 3   # evaluations averaged into the final accuracy
@@ -314,6 +314,8 @@ def main():
     p.add_argument("--seeds", default="", help="only these seeds, comma separated (default: every run)")
     p.add_argument("--from-json", action="store_true",
                    help="re-issue horizon.md from <results>/horizon.json (and compare.json); no figures")
+    p.add_argument("--noninferiority", action="store_true",
+                   help="add the long coin runs' reading (verdicts.noninferiority; random-toy/plan.md)")
     args = p.parse_args()
     if args.from_json:
         table = load_tables(args.results or p.error("--from-json needs --results")).get("horizon")
@@ -336,6 +338,10 @@ def main():
             lines = entropy_collapse_verdicts(table, horizon, entropy_control(table)[0]) + verdicts(table, evals)
     except ValueError as e:
         sys.exit(f"horizon.py: error: {e}")
+    if args.noninferiority:
+        label, text = noninferiority(table)
+        lines.append(f"(NI) GRPO's entropy is at least no-clip's minus {NI_MARGIN:g} nats (experiments/results/"
+                     f"random-toy/plan.md): **{label}** ({text})")
     md = markdown(table, lines, horizon, n_seeds)
     results = args.results or args.runs_dir
     os.makedirs(results, exist_ok=True)

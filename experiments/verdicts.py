@@ -349,3 +349,46 @@ def one_seed_check(table):
         else:
             line += f"; {name} minus GRPO final entropy {runs[0]['entropy'] - clip[0]['entropy']:+.3f}"
     return [line + " (one seed: no s.e., so no reading)"]
+
+
+# --- the long coin runs: GRPO non-inferior to no-clip (experiments/results/random-toy/plan.md) ----------------------
+NI_MARGIN = 0.08               # nats per token, as first written (plan.md says why not a recomputed 0.0785)
+NI_SEEDS = tuple(range(33))    # seeds 0-32 of clip and noclip; the reading waits for all of them
+NI_WINDOW = 60                 # the last 60 steps of 300
+
+
+def noninferiority(table, seeds=NI_SEEDS, margin=NI_MARGIN):
+    """The long coin runs' reading (plan.md): GRPO minus no-clip entropy over the last NI_WINDOW steps, paired by
+    seed, 95% t interval [lo, hi], against -margin. -> (label, text). In order, the first that applies:
+    "not read (k of 33 seeds)" where a seed lacks its clip or noclip run; "not read (the clip's work not counted)"
+    where no clip run carries clip/n_low_p_upper; "not testable in this regime" where the counted runs clipped
+    fewer than MIN_CLIPS_PER_STEP p < 0.2 tokens upward per step; then, read off the interval (strict inequalities):
+    lo > 0 "non-inferior; the clip raises the entropy"; lo > -margin and hi < 0 "non-inferior; the clip lowers the
+    entropy by less than the margin"; lo > -margin "non-inferior"; hi < -margin "inferior: the clip drains by more
+    than the margin"; hi < 0 "inconclusive; the clip lowers the entropy"; else "inconclusive"."""
+    key, want = f"entropy@{NI_WINDOW}", {str(s) for s in seeds}
+    arms = [{str(x.get("seed")): x for x in (_arm(table, m) or []) if str(x.get("seed")) in want}
+            for m in ("clip", "noclip")]
+    both = sorted(want & set(arms[0]) & set(arms[1]), key=int)
+    if len(both) < len(want):
+        return f"not read ({len(both)} of {len(want)} seeds)", "the reading waits for every seed of the plan"
+    clip, noclip = [arms[0][s] for s in both], [arms[1][s] for s in both]
+    counted = [s for s, x in zip(both, clip) if x.get("clip/n_low_p_upper") is not None and x.get("steps")]
+    if not counted:
+        return "not read (the clip's work not counted)", "no clip run carries response_length/mean and clip/low_p_*"
+    per_step = mean_std([arms[0][s]["clip/n_low_p_upper"] / arms[0][s]["steps"] for s in counted])[0]
+    check = (f"GRPO clipped {per_step:.2f} p < 0.2 tokens upward per step (mean over the {len(counted)} seeds whose "
+             f"lines count it; seeds not counted: {', '.join(s for s in both if s not in counted) or 'none'})")
+    if per_step < MIN_CLIPS_PER_STEP:
+        return "not testable in this regime", f"{check}, below the {MIN_CLIPS_PER_STEP:g} floor"
+    d = paired(clip, noclip, key)
+    lo, hi = d.mean - d.half, d.mean + d.half
+    text = f"{check}; GRPO minus no-clip entropy, last {NI_WINDOW} steps: {ci(d)} = [{lo:+.3f}, {hi:+.3f}], " \
+           f"margin -{margin:g}"
+    if lo > 0:
+        return "non-inferior; the clip raises the entropy", text
+    if lo > -margin:
+        return ("non-inferior; the clip lowers the entropy by less than the margin" if hi < 0 else "non-inferior"), text
+    if hi < -margin:
+        return "inferior: the clip drains by more than the margin", text
+    return ("inconclusive; the clip lowers the entropy" if hi < 0 else "inconclusive"), text

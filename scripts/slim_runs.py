@@ -2,9 +2,9 @@
 
 A run's metrics.jsonl holds ~56 keys per step, ~100 KB gzipped over 300 steps. The long coin runs add 42 such runs,
 more than the tracked tree has room for (it stays under 20 MiB, tests/test_tree_size.py). This copies each
-finished run of SRC to DEST/<run>/: config.json byte for byte, and metrics.jsonl.gz with `step`, KEYS and every
-`eval/` key of each line (~19 KB), as `gzip -n -9` writes it (compress_results.gzip_bytes), read back and
-compared with the slim lines before it is moved into place.
+finished run of SRC to DEST/<run>/: config.json byte for byte, and metrics.jsonl.gz with `step`, KEYS (the
+entropy readings' and the manipulation check's) and every `eval/` key of each line (~21 KB), as `gzip -n -9` writes
+it (compress_results.gzip_bytes), read back and compared with the slim lines before it is moved into place.
 
 - A run short of its config's max_steps is left out and named (compress_results.unfinished).
 - A run already in DEST is left as it is: said "already there" where its lines equal SRC's slim lines, named
@@ -25,8 +25,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compress_results import gzip_bytes, unfinished  # noqa: E402
 
+# the manipulation check counts the clip's p < 0.2 upward clips (compare.clip_counts): frac_upper x response tokens
+# x low_p_share_of_upper, so those keys stay
 KEYS = ("entropy", "reward/mean", "clip/frac", "clip/frac_upper", "clip/frac_lower", "clip/low_p_upper_rate",
-        "kl/old_new_k3")
+        "kl/old_new_k3", "response_length/mean", "clip/low_p_share_of_upper")
 
 
 def slim(row):

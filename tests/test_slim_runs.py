@@ -15,13 +15,15 @@ import slim_runs  # noqa: E402
 FULL = [
     {"step": 0, "eval/t/mean@4": 0.25, "eval/t/pass@4": 0.5},
     {"step": 1, "entropy": 0.2, "reward/mean": 0.5, "clip/frac": 0.01, "clip/frac_p0.0-0.2": 0.03,
-     "band/upper_mean": 1.2, "time/step": 1.0, "kl/old_new_k3": 0.002, "kl/old_new_k1": 0.001},
+     "band/upper_mean": 1.2, "time/step": 1.0, "kl/old_new_k3": 0.002, "kl/old_new_k1": 0.001,
+     "response_length/mean": 12.5, "clip/low_p_share_of_upper": 0.25, "clip/low_p_share_of_clipped": 0.5},
     {"step": 2, "entropy": 0.19, "reward/mean": 0.25, "clip/frac_upper": 0.004, "clip/low_p_upper_rate": 0.02,
      "eval/t/mean@4": 0.5, "eval/t/pass@4": 0.75, "loss": 0.1},
 ]
 SLIM = [   # by hand: step, the listed keys and the eval/ keys, nothing else
     {"step": 0, "eval/t/mean@4": 0.25, "eval/t/pass@4": 0.5},
-    {"step": 1, "entropy": 0.2, "reward/mean": 0.5, "clip/frac": 0.01, "kl/old_new_k3": 0.002},
+    {"step": 1, "entropy": 0.2, "reward/mean": 0.5, "clip/frac": 0.01, "kl/old_new_k3": 0.002,
+     "response_length/mean": 12.5, "clip/low_p_share_of_upper": 0.25},   # the manipulation check's keys
     {"step": 2, "entropy": 0.19, "reward/mean": 0.25, "clip/frac_upper": 0.004, "clip/low_p_upper_rate": 0.02,
      "eval/t/mean@4": 0.5, "eval/t/pass@4": 0.75},
 ]
