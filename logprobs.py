@@ -233,6 +233,7 @@ def token_logprobs(logits, targets, *, chunk_size=64, with_entropy=False, temper
 
 PACKED_FORWARD = "bandpo_packed_forward"  # the method enable_packing gives the model
 PACKED_KERNEL = "bandpo_packed_kernel"    # its attention kernel (packed_attention.KERNELS)
+PACKED_WINDOWS = "bandpo_packed_windows"  # its layers' sliding windows (packed_attention.model_windows)
 HEAD_CHUNK = "bandpo_head_chunk"          # its fused head's rows per chunk (head_chunk_rows)
 
 
@@ -251,25 +252,29 @@ def enable_packing(model, kernel=None, chunk=None):
     (register_fsdp_forward_method: the weights are gathered around it as around `forward`), so that
     the LM head's weight can be read outside `forward`. `kernel`: the packed attention kernel
     (None: packed_attention.kernel_for the weights' device in bfloat16); `chunk`: the fused head's
-    rows per chunk (None: head_chunk_rows from the memory free now). Returns the model."""
+    rows per chunk (None: head_chunk_rows from the memory free now). Refuses (ValueError, one line) a
+    model whose attention or head the packed path does not implement, before anything runs.
+    Returns the model."""
     import types
 
     from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
     from machinery import packed_attention
-    packed_attention.register()
-    model.set_attn_implementation(packed_attention.NAME)
     head = model.get_output_embeddings()
     if getattr(head, "bias", None) is not None or getattr(model.config, "final_logit_softcapping",
                                                           None):
         raise ValueError(f"{type(model).__name__}: the fused head computes logits = hidden @ "
                          f"W^T only (no bias, no soft-capping)")
+    kernel = kernel or packed_attention.kernel_for(head.weight.device)
+    windows = packed_attention.check_supported(model, kernel)
+    packed_attention.register()
+    model.set_attn_implementation(packed_attention.NAME)
     setattr(model, PACKED_FORWARD, types.MethodType(_packed_forward, model))
-    device = head.weight.device
-    setattr(model, PACKED_KERNEL, kernel or packed_attention.kernel_for(device))
+    setattr(model, PACKED_KERNEL, kernel)
+    setattr(model, PACKED_WINDOWS, tuple(sorted(windows, key=lambda w: -1 if w is None else w)))
     if chunk is None:
         from machinery.memory import free_memory
-        chunk = head_chunk_rows(head.weight.shape[0], free_memory(device)[0])
+        chunk = head_chunk_rows(head.weight.shape[0], free_memory(head.weight.device)[0])
     setattr(model, HEAD_CHUNK, int(chunk))
     if isinstance(model, FSDPModule):
         register_fsdp_forward_method(model, PACKED_FORWARD)
@@ -305,7 +310,8 @@ def packed_logprobs(model, input_ids, n_prompt, spans, temperature=1.0, with_ent
 
     ids = input_ids[index(rows), index(cols)]                                            # (N,)
     src = index(src)                                                                     # (n_resp,)
-    packing = packed_attention.make_packing(lengths, dev, kernel or getattr(model, PACKED_KERNEL))
+    packing = packed_attention.make_packing(lengths, dev, kernel or getattr(model, PACKED_KERNEL),
+                                            getattr(model, PACKED_WINDOWS))
     logp, ent = getattr(model, PACKED_FORWARD)(ids[None], torch.tensor([pos], device=dev), packing,
                                                src, ids[src + 1], temperature, with_entropy)
     at = (index(dst_row), index(dst_col))

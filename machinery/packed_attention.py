@@ -17,6 +17,8 @@ The kernels (`KERNELS`; `choose_kernel` picks what can run, the start-up line na
 - `sdpa-rows` (CPU): causal SDPA on each row's slice of the packed tokens. Measured on a 2-core
   CPU in bf16 (8 rows of 30-300 tokens, 9 heads x 64): 3.2 ms, against 13.2 ms for padded SDPA with
   a mask, 13.8 ms for one block-diagonal mask and 10.3 ms for compiled FlexAttention.
+Each keeps a layer's sliding window (transformers' q - k < w) by a band mask, varlen's window_size
+or flex's mask_mod; `check_supported` refuses what none implements (soft-capping, sinks, dropout).
 
     packing = make_packing([row lengths], device)      # boundaries, on the host and the device
     model(input_ids=ids, position_ids=pos, packing=packing)   # model built with NAME
@@ -49,7 +51,7 @@ class Packing:
     bounds: list                # [(start, end)] of each row, on the host
     cu_seqlens: torch.Tensor    # (rows + 1,) int32 cumulative lengths, on the device
     max_len: int                # the longest row
-    block_mask: Optional[object] = None  # flex only: the document mask, built once per forward
+    block_masks: Optional[dict] = None  # flex only: {window: document mask}, built once per forward
 
 
 def choose_kernel(device_type, capability=None, dtype=torch.bfloat16, has_varlen=None):
@@ -82,33 +84,99 @@ def kernel_for(device, dtype=torch.bfloat16):
     return choose_kernel(device.type, cap, dtype)
 
 
-def make_packing(lengths, device, kernel=None):
-    """Packing of rows of `lengths` tokens (each >= 1) laid end to end on `device`."""
+def make_packing(lengths, device, kernel=None, windows=(None,)):
+    """Packing of rows of `lengths` tokens (each >= 1) laid end to end on `device`. windows: the
+    sliding windows the model's layers use (`model_windows`; None: full causal attention), for
+    which flex builds its masks here, once per forward."""
     kernel = kernel or kernel_for(device)
     ends = torch.tensor(lengths).cumsum(0).tolist()
     bounds = list(zip([0] + ends[:-1], ends))
     cu = torch.tensor([0] + ends, dtype=torch.int32, device=device)          # (rows + 1,)
-    block_mask = None
+    block_masks = None
     if kernel == "flex":
         from torch.nn.attention.flex_attention import create_block_mask
         doc = torch.repeat_interleave(torch.arange(len(lengths), device=device),
                                       torch.tensor(lengths, device=device))  # (N,) row of a token
-        block_mask = create_block_mask(lambda b, h, q, k: (doc[q] == doc[k]) & (q >= k),
-                                       None, None, ends[-1], ends[-1], device=device)
-    return Packing(kernel, bounds, cu, max(lengths), block_mask)
+        block_masks = {w: create_block_mask(document_mask(doc, w), None, None, ends[-1], ends[-1],
+                                            device=device) for w in windows}
+    return Packing(kernel, bounds, cu, max(lengths), block_masks)
+
+
+def document_mask(doc, window=None):
+    """FlexAttention's mask_mod: query q sees key k of its own row, k <= q, and, under a sliding
+    window w, q - k < w (transformers' `sliding_window_overlay`: the last w keys, q's own among
+    them). doc (N,): the row of each packed token."""
+    if window is None:
+        return lambda b, h, q, k: (doc[q] == doc[k]) & (q >= k)
+    return lambda b, h, q, k: (doc[q] == doc[k]) & (q >= k) & (q - k < window)
+
+
+def model_windows(config):
+    """The sliding windows a transformers model's layers attend with, as the set its attention
+    modules pass (`sliding_window`): per layer type where the config lists them (Qwen2, Gemma 3:
+    None for "full_attention" layers), else the config's one window (Mistral; None without)."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not types:
+        return {window}
+    other = set(types) - {"full_attention", "sliding_attention"}
+    if other:
+        raise ValueError(f"packed attention implements full and sliding-window layers, not "
+                         f"layer_types {sorted(other)}")
+    return {window if t == "sliding_attention" else None for t in types}
+
+
+def check_supported(model, kernel):
+    """Refuse (ValueError, one line naming it) any attention feature of `model` that the packed
+    kernels do not implement: the packed path would run without it and be silently wrong."""
+    config = model.config
+    for name in ("attn_logit_softcapping", "attention_chunk_size"):
+        if getattr(config, name, None) is not None:
+            raise ValueError(f"packed attention does not implement {name}={getattr(config, name)} "
+                             f"({type(model).__name__}): run with --no-pack")
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ValueError(f"packed attention is causal; {type(model).__name__} has "
+                         f"use_bidirectional_attention=True: run with --no-pack")
+    if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+        raise ValueError(f"packed attention has no dropout; attention_dropout="
+                         f"{config.attention_dropout}: set it to 0 or run with --no-pack")
+    sinks = next((n for n, m in model.named_modules() if hasattr(m, "sinks")), None)
+    if sinks is not None:
+        raise ValueError(f"packed attention does not implement attention sinks ({sinks}.sinks): "
+                         f"run with --no-pack")
+    windows = model_windows(config)
+    if any(w is not None and w < 1 for w in windows):
+        raise ValueError(f"sliding window {sorted(w for w in windows if w is not None)} < 1")
+    if kernel == "varlen" and windows != {None} and not _varlen_has_window():
+        raise ValueError(f"this torch's varlen_attn has no window_size, and the model slides "
+                         f"(windows {sorted(w for w in windows if w is not None)}): run with --no-pack")
+    return windows
+
+
+def _varlen_has_window():
+    import inspect
+    from torch.nn.attention.varlen import varlen_attn
+    return "window_size" in inspect.signature(varlen_attn).parameters
 
 
 # --- the kernels: q (1, H, N, D), k and v (1, Hkv, N, D) -> (1, N, H, D) -------------------------
 @torch.compiler.disable  # a loop over the rows' host-side bounds: left out of a compiled layer
-def _sdpa_rows(q, k, v, packing, scale):
+def _sdpa_rows(q, k, v, packing, scale, window=None):
     gqa = q.shape[1] != k.shape[1]
-    out = [F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True,
-                                          scale=scale, enable_gqa=gqa)
-           for s, e in packing.bounds]                                      # (1, H, n_i, D) each
+    out = []
+    for s, e in packing.bounds:
+        band = None
+        if window is not None and e - s > window:
+            d = torch.arange(e - s, device=q.device)
+            d = d[:, None] - d[None]                                            # (n, n) q - k
+            band = (d >= 0) & (d < window)                                      # causal, in the window
+        out.append(F.scaled_dot_product_attention(
+            q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], attn_mask=band, is_causal=band is None,
+            scale=scale, enable_gqa=gqa))                                       # (1, H, n_i, D)
     return torch.cat(out, 2).transpose(1, 2)
 
 
-def _varlen(q, k, v, packing, scale):
+def _varlen(q, k, v, packing, scale, window=None):
     # varlen_attn's keywords changed between torch releases (2.10: is_causal; later: window_size,
     # then scale and enable_gqa): pass what this torch's signature has, and repeat k and v for GQA
     # where it cannot share them
@@ -116,7 +184,15 @@ def _varlen(q, k, v, packing, scale):
     from torch.nn.attention.varlen import varlen_attn
     params = inspect.signature(varlen_attn).parameters
     q, k, v = (x[0].transpose(0, 1) for x in (q, k, v))                     # (N, H, D)
-    kw = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}  # causal
+    slides = window is not None and window < packing.max_len
+    if "window_size" in params:
+        # FlashAttention's window (left, right) keeps keys in [q - left, q + right]: transformers'
+        # q - k < w is left = w - 1 (as its own flash path passes); (-1, 0) is plain causal
+        kw = {"window_size": (window - 1, 0) if slides else (-1, 0)}
+    elif slides:
+        raise ValueError(f"this torch's varlen_attn has no window_size for sliding window {window}")
+    else:
+        kw = {"is_causal": True}
     if "scale" in params:
         kw["scale"] = scale
     elif scale is not None and abs(scale - q.shape[-1] ** -0.5) > 1e-12:
@@ -134,29 +210,38 @@ def _varlen(q, k, v, packing, scale):
 _flex = None  # compiled once per process
 
 
-def _flex_attention(q, k, v, packing, scale):
+def _flex_attention(q, k, v, packing, scale, window=None):
     global _flex
     if _flex is None:
         from torch.nn.attention.flex_attention import flex_attention
         _flex = torch.compile(flex_attention, dynamic=True)
-    out = _flex(q, k, v, block_mask=packing.block_mask, scale=scale,
+    if window not in packing.block_masks:
+        raise ValueError(f"no flex mask was built for sliding window {window} (built: "
+                         f"{sorted(packing.block_masks, key=str)}): make_packing's windows")
+    out = _flex(q, k, v, block_mask=packing.block_masks[window], scale=scale,
                 enable_gqa=q.shape[1] != k.shape[1])                        # (1, H, N, D)
     return out.transpose(1, 2)
 
 
 KERNELS = {"sdpa-rows": _sdpa_rows, "varlen": _varlen, "flex": _flex_attention}
+# keywords transformers' decoder layers pass down that do not change a packed call's attention
+_IGNORED = {"position_ids", "use_cache", "cache_position", "past_key_values", "past_key_value"}
 
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-              packing=None, **kwargs):
-    """The `bandpo_packed` implementation: a packed call (`packing` given) runs its kernel; any
-    other call is transformers' SDPA with its mask, unchanged."""
+              sliding_window=None, packing=None, **kwargs):
+    """The `bandpo_packed` implementation: a packed call (`packing` given) runs its kernel, within
+    the layer's sliding window where it has one; any other call is transformers' SDPA with its mask
+    (which holds the window), unchanged. A packed call refuses any keyword it does not implement."""
     if packing is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=dropout, **kwargs)
-    if dropout:
-        raise ValueError("packed attention has no dropout (the policy trains without)")
-    return KERNELS[packing.kernel](query, key, value, packing, scaling).contiguous(), None
+                                      dropout=dropout, sliding_window=sliding_window, **kwargs)
+    unknown = sorted(f"{k}={v}" for k, v in dict(kwargs, dropout=dropout or None).items()
+                     if k not in _IGNORED and v is not None and v is not False)
+    if unknown:
+        raise ValueError(f"packed attention does not implement {', '.join(unknown)}")
+    return KERNELS[packing.kernel](query, key, value, packing, scaling,
+                                   sliding_window).contiguous(), None
 
 
 def _mask(*args, attention_mask=None, **kwargs):
