@@ -235,14 +235,19 @@ PACKED_FORWARD = "bandpo_packed_forward"  # the method enable_packing gives the 
 PACKED_KERNEL = "bandpo_packed_kernel"    # its attention kernel (packed_attention.KERNELS)
 PACKED_WINDOWS = "bandpo_packed_windows"  # its layers' sliding windows (packed_attention.model_windows)
 HEAD_CHUNK = "bandpo_head_chunk"          # its fused head's rows per chunk (head_chunk_rows)
+# The fused head's chunk: its temporaries (~12 bytes a logit: the float32 block, its exp, the
+# gradient's block in the weights' dtype) within this many bytes. A constant, not the memory free:
+# the chunk sets the order in which the weight gradient is summed (and cuBLAS's kernel for the
+# block), so a chunk read from the free memory would make a run's bits depend on the day.
+HEAD_CHUNK_BYTES = 2 << 30
 
 
-def head_chunk_rows(vocab, free_bytes, most=2048):
-    """Rows per chunk of the fused head: as many as keep a chunk's temporaries — about 12 bytes per
-    logit (the float32 block, its exp, the gradient's block in the weights' dtype) — within 1/16 of
-    the memory free, at most `most` (2048: the head's matmuls are then large enough to run at the
-    GPU's matmul rate; more only adds memory). A 152k vocabulary on an 80 GB GPU: 2048 rows, 3.7 GB."""
-    return int(max(1, min(most, free_bytes // 16 // (12 * vocab))))
+def head_chunk_rows(vocab, budget=HEAD_CHUNK_BYTES, most=2048):
+    """Rows per chunk of the fused head, a function of the vocabulary only: as many as keep a
+    chunk's temporaries within `budget` bytes, at most `most` (2048: the head's matmuls are then
+    large enough to run at the GPU's matmul rate; more only adds memory). A 152k vocabulary: 1177
+    rows, 2.0 GiB; a 49k one: 2048 rows, 1.1 GiB."""
+    return int(max(1, min(most, budget // (12 * vocab))))
 
 
 def enable_packing(model, kernel=None, chunk=None):
@@ -252,7 +257,7 @@ def enable_packing(model, kernel=None, chunk=None):
     (register_fsdp_forward_method: the weights are gathered around it as around `forward`), so that
     the LM head's weight can be read outside `forward`. `kernel`: the packed attention kernel
     (None: packed_attention.kernel_for the weights' device in bfloat16); `chunk`: the fused head's
-    rows per chunk (None: head_chunk_rows from the memory free now). Refuses (ValueError, one line) a
+    rows per chunk (None: head_chunk_rows of the vocabulary). Refuses (ValueError, one line) a
     model whose attention or head the packed path does not implement, before anything runs.
     Returns the model."""
     import types
@@ -272,10 +277,7 @@ def enable_packing(model, kernel=None, chunk=None):
     setattr(model, PACKED_FORWARD, types.MethodType(_packed_forward, model))
     setattr(model, PACKED_KERNEL, kernel)
     setattr(model, PACKED_WINDOWS, tuple(sorted(windows, key=lambda w: -1 if w is None else w)))
-    if chunk is None:
-        from machinery.memory import free_memory
-        chunk = head_chunk_rows(head.weight.shape[0], free_memory(head.weight.device)[0])
-    setattr(model, HEAD_CHUNK, int(chunk))
+    setattr(model, HEAD_CHUNK, int(chunk or head_chunk_rows(head.weight.shape[0])))
     if isinstance(model, FSDPModule):
         register_fsdp_forward_method(model, PACKED_FORWARD)
     return model

@@ -209,3 +209,26 @@ def test_packed_update_equals_padded_with_kl_and_rollout_correction(group, dtype
     assert moved > 1e-3
     for k in weights[0]:
         assert torch.allclose(weights[1][k], weights[0][k], rtol=8 * u, atol=128 * u * moved), k
+
+
+def test_same_config_same_bits_whatever_the_free_memory(group, monkeypatch):
+    """A run is a function of its config: two builds of the same packed float32 model (policy.build_model) on a machine
+    with 7·12·16·V and 11·12·16·V bytes free (the memory reading that sized the fused head's chunk: 7 and 11 rows)
+    give bit-identical log-probs and gradients of Σ w·logp over 71 response tokens. The chunk sets the order of the
+    weight gradient's float32 sum and the shape of the head's matmul, so chunks sized by the free memory gave other
+    bits (here already in the log-probs)."""
+    from machinery import memory
+    ids, attn, P = rows(seed=8)
+    w = torch.randn(len(SPANS), ids.shape[1] - P, generator=torch.Generator().manual_seed(9))
+    cfg = train.Config(model=rollout.DEFAULT_MODEL, pack=True, train_dtype="float32")
+    vocab = AutoConfig.from_pretrained(rollout.DEFAULT_MODEL).vocab_size
+    out = []
+    for rows_free in (7, 11):
+        monkeypatch.setattr(memory, "free_memory", lambda device, n=rows_free: (n * 12 * 16 * vocab, "test"))
+        model = policy.build_model(cfg, torch.device("cpu"))
+        logp, _ = packed_logprobs(model, ids, P, SPANS)                                   # (B, T)
+        (w * logp).sum().backward()
+        out.append((logp.detach(), {n: p.grad.full_tensor() for n, p in model.named_parameters()}))
+    assert torch.equal(out[0][0], out[1][0])
+    for name, g in out[0][1].items():
+        assert torch.equal(out[1][1][name], g), name
