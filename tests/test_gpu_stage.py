@@ -3,7 +3,9 @@
 Claims: the parts are no larger than asked and join to the payload's sha256 (checked here with hashlib, not with the
 script's own function); a missing or corrupt part is named and nothing is installed; `install` puts the wheels
 (pip --target), the unpacked tree and the plain files where the manifest says, and the installed modules import in
-a fresh interpreter; a trim drops exactly its paths and says why. On a synthetic payload, small enough for every run.
+a fresh interpreter; a trim drops exactly its paths and says why; a part is what a 64 MiB transfer leaves beside the
+tree that travels with it (tracked and untracked, not ignored), and a part that cannot fit is refused in one line
+before anything is downloaded. On a synthetic payload, small enough for every run.
 
 The real vLLM stage (slow; the package index and ~320 MB): staged for the Python of an interpreter that has the GPU
 machine's torch (GPU_STAGE_PYTHON, e.g. a Python 3.12 venv with torch==2.11.0 and transformers==5.17.0), installed,
@@ -116,6 +118,48 @@ def test_trim_drops_exactly_its_paths_and_says_why(tmp_path):
         gpu_stage.trimmed_tree(wheel, tmp_path / "site2", {**trim, "pkg/gone.so": "?"})
 
 
+def test_the_tree_that_travels_is_tracked_and_untracked_not_ignored(tmp_path):
+    """What every transfer carries beside a part: the tracked files and the untracked ones git does not ignore,
+    never the ignored ones (a virtual environment, the stages themselves). Sizes written here, summed by hand."""
+    def write(name, n):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x" * n)
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / ".gitignore").write_text("ignored/\n#\n")  # 11 bytes: untracked, not ignored
+    write("tracked/a.py", 1000)
+    subprocess.run(["git", "add", "tracked/a.py"], cwd=tmp_path, check=True)
+    write("untracked.md", 300)
+    write("ignored/big.whl", 5000)
+    assert gpu_stage.tree_bytes(tmp_path) == 1000 + 300 + 11
+
+
+def test_a_part_takes_what_the_tree_leaves_and_one_that_cannot_fit_is_refused(capsys):
+    """Default part: 64 MiB less the tree less the 2 MiB margin (18 MiB of tree: 44 MiB; 20.55 MiB: 41.4, rounded
+    down to 0.1 MiB). A part asked larger than that, or a tree that leaves less than 4 MiB, is refused with one line
+    naming the value (exit code 2)."""
+    MiB = 2**20
+    assert gpu_stage.part_mib(None, 18 * MiB) == 44.0
+    assert gpu_stage.part_mib(None, int(20.55 * MiB)) == 41.4
+    assert gpu_stage.part_mib(40, 18 * MiB) == 40
+    for asked, tree, says in ((45, 18 * MiB, "--part-mib 45"), (None, 59 * MiB, "leaves 3.0 MiB"),
+                              (0, 18 * MiB, "--part-mib 0")):
+        with pytest.raises(SystemExit) as stop:
+            gpu_stage.part_mib(asked, tree)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1 and says in err, err
+
+
+def test_a_stage_that_cannot_fit_refuses_before_downloading(tmp_path):
+    """`gpu_stage.py vllm --part-mib 70`: more than a transfer can carry at all; one line, exit code 2, and neither
+    the stage folder nor the download cache is made."""
+    r = subprocess.run([sys.executable, "scripts/gpu_stage.py", "vllm", "--part-mib", "70", "--out",
+                        str(tmp_path / "stage"), "--cache", str(tmp_path / "cache")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1 and "--part-mib 70" in r.stderr, r
+    assert not (tmp_path / "stage").exists() and not (tmp_path / "cache").exists()
+
+
 # --- the real vLLM stage ----------------------------------------------------------------------------------------------
 CHECK = r'''
 import importlib, json, os, sys
@@ -178,7 +222,8 @@ def test_staged_vllm_imports_on_the_gpu_machines_python(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     stage = tmp_path / "stage" / "vllm"
     m = gpu_stage.read_manifest(stage)
-    assert all(p["bytes"] <= gpu_stage.PART_MIB * 2**20 for p in m["parts"]) and len(m["wheels"]) == 28
+    assert all(p["bytes"] <= m["part_mib"] * 2**20 for p in m["parts"]) and len(m["wheels"]) == 28
+    assert m["part_mib"] + gpu_stage.MARGIN_MIB + gpu_stage.tree_bytes() / 2**20 <= 64  # each part fits one transfer
     target = tmp_path / "site"
     r = subprocess.run([py, "scripts/gpu_stage.py", "install", str(stage), "--target", str(target)], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
