@@ -2,61 +2,22 @@
 
 docs/paper.md §1: a fixed clip lets a token of old probability p rise by at most ε₊·p per update, so a rare token
 with a positive advantage is stopped after a ×1.2 rise however good it is; Band's upper bound r̄(p) (Theorem 1)
-grows as p shrinks (Prop. 2), and for KL the largest rise p·(r̄ − 1) tends to 1 − e^{−δ} (Prop. 1). This script
-watches that happen rollout by rollout, in two settings that share one start (head token 0.6, rare token p0, the
-rest spread evenly over V − 2 = 48 tokens):
+grows as p shrinks (Prop. 2). This script watches that happen rollout by rollout from one start (head token 0.6,
+rare token p0, the rest spread evenly over V − 2 = 48 tokens), in two settings: one good token (reward 1 for the
+rare token only; figure row 1: p_rare, entropy, and the growth per rollout p_new/p_old drawn over each method's
+upper bound) and two good tokens (the head and the rare one, the paper's entropy-collapse story; row 2).
 
-  one good token    reward 1 for the rare token only. Figure row 1: p_rare (log axis, so ×1.2 per rollout is a
-                    straight line), entropy, and the measured growth per rollout p_new/p_old against p_old, drawn
-                    over each method's upper bound (the paper's bound-versus-p picture, with the points moving).
-  two good tokens   reward 1 for the head token AND the rare one (the paper's entropy-collapse story). Row 2.
+The update is GRPO's in expectation over sampling, so every curve is deterministic: per rollout π_old = π,
+Â(a) = (R(a) − E R) / (std R + 1e-6) (0 for a constant R, as grpo.group_advantages), the bounds from
+band.ratio_bounds(log π_old, ...); then K plain-SGD steps on E_{a~π_old}[ℓ(r_a, Â_a)], ℓ computed by
+grpo.policy_loss itself (one "response" whose V "tokens" are the vocabulary, advantage π_old(a)·Â(a),
+agg="seq-mean-token-sum": exact because ℓ(r, c·Â) = c·ℓ(r, Â) for c > 0, checked in tests/test_bandit.py).
+"No clip" (grey, dashed) is the band [0, ∞).
 
-The update is GRPO's, taken in expectation over sampling (no noise, so every curve is deterministic):
-  rollout    π_old = π;  Â(a) = (R(a) − E_{π_old}R) / (std_{π_old}R + 1e-6)  (the group baseline for an infinite
-             group; 0 when R is constant under π_old, as grpo.group_advantages does for a constant group);
-             (lower, upper) = band.ratio_bounds(log π_old, method, delta=δ), per token, from the old policy.
-  update     K plain-SGD steps on L(θ) = E_{a~π_old}[ℓ(r_a, Â_a)], ℓ the dual-clipped surrogate of §3, computed by
-             grpo.policy_loss itself: one "response" whose V "tokens" are the vocabulary entries, with advantage
-             π_old(a)·Â(a), summed (agg="seq-mean-token-sum"). Exact because ℓ(r, c·Â) = c·ℓ(r, Â) for c > 0 (both
-             branches and the dual-clip cap are linear in Â); tests/test_bandit.py checks it against the sum by cases.
-  reference  "no clip" (grey, dashed): the band [0, ∞), i.e. plain policy gradient on the same schedule.
-
-Choices, and why:
-- Plain SGD, not Adam. Here every logit is its own parameter and Adam divides each coordinate by its own gradient
-  scale. Once a token is clipped its own term is gone, but a small gradient still reaches its logit through the
-  softmax normaliser; Adam rescales that residue to a full-size step, so the clip leaks for every method (measured:
-  `--optim adam --lr 0.2 --steps 4` lets the clip's rare token rise ×2.87 in the first rollout; no clip: ×4.50).
-  In an LLM the parameters are shared across states and tokens, and nothing singles one token out like that.
-- K = 16 steps of lr 0.25 per rollout, not the paper's 4 mini-batches: the same total step (K·lr = 4) cut finer, so
-  the step that crosses a bound overshoots it by less and the dots of the third panel show the bounds rather than the
-  step size. `--steps 4 --lr 1` gives the same ordering: rollouts to p_rare ≥ 0.5 clip 10, clip-higher 8, dcpo 4,
-  bandkl 3, bandtv 5, bandchi2 4, no clip 3 (there Band-KL's first two rollouts equal no clip's: the step, not the
-  band, limits them). K·lr sets the scale: much smaller and no bound is ever reached (every method = no clip); much
-  larger and the first, unclipped, step alone jumps past every bound.
-- Exact expectation instead of sampled groups: sampling (groups of 16, 4 groups per rollout, 200 seeds; tried during
-  development) gives the same ordering in both settings with noisier curves.
-
-Results (defaults, p0 = 0.02, printed as a table; p0 = 0.01 and 0.05 give the same picture):
-- One good token. Rollouts until p_rare ≥ 0.5: clip 11, clip-higher 9, dcpo 4, bandkl 4, bandtv 6, bandchi2 5, no
-  clip 3. First-rollout growth: clip ×1.24, clip-higher ×1.31, Band-KL ×3.14 (r̄(0.02) = 4.93, not reached: the step
-  budget binds first), TV ×2.98 (r̄ = 3.5), χ² ×2.79 (r̄ = 2.57, overshot: see below). The mechanism of §1, as
-  claimed: the wider band for rare tokens finds the rare good answer 2–3× sooner. Entropy is the transient of that
-  move (up while mass leaves the head, then down to ~0 for every method, sooner for the faster ones).
-- Two good tokens. The paper's entropy story does NOT appear here: the rare good token falls from the first rollout
-  under every method (to 1.9–3.4e-5 after 30 rollouts) and entropy collapses for all, the clip methods SLOWEST
-  (entropy after 10 rollouts: clip 0.15, clip-higher 0.15, dcpo and the bands 0.033–0.036, no clip 0.032). Why:
-  softmax policy gradient is rich-get-richer. On-policy d log π_rare/dt = π_r Â_r − Σ_a π_a² Â_a < 0 when the head
-  has the same advantage and 30× the probability, so the rare token's own ratio never reaches any upper bound, and
-  wider bands only let the head's ratio (r̄(0.6) = 1.24 for KL vs 1.2) and the bad tokens (lower bound ≈ 0 where
-  p < δ) move faster. If the paper's entropy claim holds, it comes from what one state lacks (many states sharing
-  parameters, sampling noise), not from this mechanism alone.
-
-What the bounds do not promise (the clip's dots above 1.2 in the third panel): the clip removes the clipped token's
-OWN term only. The step that crosses r = upper is not cut short, and the negative-advantage tokens' terms stay on
-until their own ratios fall below their lower bounds, releasing mass that the softmax shares out, the rare token
-included (at a rate β·π_r·(1 + ‖π‖² − 2π_r), β = E R / std; derived and checked in tests/test_bandit.py). That share
-grows with p_rare, so the clip's growth per rollout rises from ×1.24 to ×1.57. The clip caps the push a token gets
-from its own advantage, not its ratio; PPO's trust region is approximate for every method here.
+Choices, each explained with the results in docs/results.md (the mechanism without a language model): plain SGD,
+not Adam (with every logit its own parameter, Adam rescales the softmax normaliser's residue on a clipped token to a
+full-size step); K = 16 steps of lr 0.25 per rollout, the same total step as 4 of lr 1 cut finer, so that the step
+crossing a bound overshoots it by less; the exact expectation instead of sampled groups.
 
     python experiments/bandit.py                      # the table + figures/bandit.png, a few seconds on a CPU
     python experiments/bandit.py --p0 0.01            # also --p0 0.05, --delta, --lr, --steps, --rollouts, --optim
