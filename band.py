@@ -4,9 +4,8 @@ PPO clips the ratio r to a fixed [1 - eps, 1 + eps]; BandPO clips it to the exac
 a next-token distribution inside the trust region D_f(pi_new || pi_old) <= delta can give the
 sampled token. Lemma 1 (rescale the rest of the vocabulary uniformly) and Theorem 1 of arXiv
 2603.04918 make it one interval, {r in [0, 1/p] : g(p, r) = p f(r) + (1 - p) f(c) <= delta} (`_g`);
-Props. 1-4 give its limits, monotonicity, saturation at 0 and closed forms. `BOUNDS` maps every
-method of the comparison to its plain function and `EPS` holds their published epsilons; nothing
-else branches on the method.
+Props. 1-4 give its limits, monotonicity, saturation and closed forms. `BOUNDS` maps each method to
+its plain function, `EPS` holds the published epsilons; nothing else branches on the method.
 
 Glossary (the paper's symbols; tensors have the shape of `old_logp`)
     old_logp   log p, the sampled token's log-probability under the old (rollout) policy
@@ -17,9 +16,8 @@ Glossary (the paper's symbols; tensors have the shape of `old_logp`)
                `delta` is this divergence radius, NOT TRL's `delta` (an upper cap on the ratio)
 
 Departures from the authors' code (OpenMOSS/BandPO, verl/bandpo/band): no overrides near p = 0 or 1
-(the solver is exact there; theirs sets upper = 1/p for p < 1e-6, 10-100x the true root); the relax
-union with clip-higher is the separate method `bandkl-relax` (their `band()` applies it by default);
-the cap is `max_ratio=10`, the paper's `upper_bound_max` (their default is 100).
+(exact there; theirs sets upper = 1/p for p < 1e-6, 10-100x the true root); their default union with
+clip-higher is our method `bandkl-relax`; the cap is `max_ratio=10`, the paper's (their default 100).
 
     lower, upper = band(old_logp, "bandkl", delta=0.05)          # the exact interval, no cap
     lower, upper = ratio_bounds(old_logp, "bandkl", delta=0.05)  # what the loss clips to (cap 10)

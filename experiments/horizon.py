@@ -16,10 +16,8 @@ per old-probability bin, the tokens above the band, below it, and clipped) and, 
 <figure>_noclip.png (entropy per arm, and each arm minus no-clip per step, paired by seed, with its 95% t band:
 under --reward random that difference is the arm's clip's own drift); without --results / --figure, into the runs
 directory. `--from-json --results <dir>` re-issues horizon.md from the summaries alone (horizon.json, with
-compare.json's last-5-step entropy). The committed experiments keep theirs in experiments/results/<experiment>/
-and figures/<experiment>_horizon*.png, shown in docs/results.md. The statistics and the entropy readings are
-experiments/verdicts.py's (95% t intervals, the equivalence margin, two windows; entropy_control against a no-clip arm,
-random_control under --reward random, where (2a) and (2b) do not apply). Definitions:
+compare.json's last-5-step entropy); docs/results.md shows the committed ones. The statistics and the readings are
+experiments/verdicts.py's (entropy_control against a no-clip arm, random_control under --reward random). Definitions:
 - start entropy: the entropy at step 1 (the initial policy on its first rollout; every method of a seed shares it);
 - half-entropy step: the first step at which the trailing WINDOW-step mean of the entropy is <= half the start;
 - "final" step metrics: the mean over the last WINDOW steps; final accuracy: the mean of the last LAST_EVALS

@@ -5,7 +5,7 @@ per-token interval [lower, upper] = band.ratio_bounds(old_logp, ...) implied by 
 radius delta (Theorem 1). This subclass takes every GRPOTrainer argument plus three:
 
     from trl import GRPOConfig
-    from trl_bandpo import BandGRPOTrainer                  # with band.py beside this file (see below)
+    from trl_bandpo import BandGRPOTrainer                  # with band.py beside this file
 
     args = GRPOConfig(output_dir="out", loss_type="grpo",   # "grpo" = the paper's seq-mean-token-mean
                       steps_per_generation=4,               # 4 optimizer steps per generation: without this, no clip
@@ -13,31 +13,15 @@ radius delta (Theorem 1). This subclass takes every GRPOTrainer argument plus th
     trainer = BandGRPOTrainer(model=..., reward_funcs=..., args=args, train_dataset=...,
                               band_method="bandkl", band_delta=0.05, band_max_ratio=10.0)   # any band.BOUNDS key
 
-How it hooks in (trl 1.16.0, pinned in requirements.txt; trl/trainer/grpo_trainer.py):
-- `GRPOTrainer._compute_loss` (line 3020) clips with `torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)`
-  (line 3113) and counts `clip_ratio/low_mean`, `high_mean`, `region_mean` with the same two expressions (lines
-  3274-3275). `torch.clamp` takes tensor bounds, so setting the two epsilons to per-token tensors (B, T) for the
-  duration of one call sends the band into the loss AND into TRL's clip metrics, without copying TRL's 270-line
-  method. The metrics then describe the band: `clip_ratio/high_mean` = tokens with r > upper and A > 0.
-- TRL computes `old_per_token_logps` only when one generation feeds several optimizer steps,
-  `gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0` (lines 2641-2657), or when vLLM's
-  importance-sampling correction is on. Otherwise pi_old = pi_theta exactly, r = 1 lies inside every band, and every
-  clip (TRL's and ours) is inert: then this trainer is GRPOTrainer. Make the band act with several updates per
-  rollout, as the paper does: `steps_per_generation=k > gradient_accumulation_steps` (each optimizer step takes 1/k
-  of the generation batch) or `num_iterations=mu > 1` (each batch is reused mu times).
-- `GRPOConfig(delta=c)` (grpo_config.py line 697; grpo_trainer.py lines 3115-3116) caps r at c inside the
-  pessimistic min. With upper <= band_max_ratio <= c it equals the dual clip of grpo.policy_loss (min(loss, -c A)
-  for A < 0): both give -A min(max(r, clip(r)), c). The paper uses c = 10 = band_max_ratio.
-  TRL's `delta` is that ratio cap; our `band_delta` is the divergence radius.
-
-What is not the paper's recipe (docs/integrations.md): TRL's default loss_type "dapo" is token-mean over
-the accumulated batch (the paper's is "grpo"); "grpo" normalises per micro-batch, not over the mini-batch (equal when
-micro-batches hold the same number of responses); TRL's advantage is (R - mean) / (std + 1e-4), its KL (beta, off by
-default) is the plain k3. On CPU, GRPOConfig's defaults bf16=True and gradient_checkpointing=True must be turned off
-(`use_cpu=True, bf16=False, gradient_checkpointing=False`).
-
-Outside this repository: copy this file and band.py (it needs only torch) into your project. Tested by
-tests/test_trl_bandpo.py: real trainer steps on the tiny model, loss and gradient equal to grpo.policy_loss.
+How it hooks in (trl 1.16.0, pinned): `GRPOTrainer._compute_loss` clips with `torch.clamp(coef_1, 1 - epsilon_low,
+1 + epsilon_high)`, and `torch.clamp` takes tensor bounds, so for one call the two epsilons become per-token tensors
+(B, T): the band reaches the loss and TRL's clip metrics (`clip_ratio/high_mean` = r > upper with A > 0) without
+copying TRL's 270-line method. TRL's `delta` caps r inside the pessimistic min, our dual clip c; our `band_delta` is
+the divergence radius. The band acts only where one generation feeds several optimizer steps (else pi_old = pi_theta
+and no clip binds). docs/integrations.md has the rest: the lines of TRL's source this relies on (read them before
+changing the pin), where this is not the paper's recipe, and on CPU `use_cpu=True, bf16=False,
+gradient_checkpointing=False`. Outside this repository copy this file and band.py (torch only) into your project.
+Tested by tests/test_trl_bandpo.py: real trainer steps on the tiny model, loss and gradient = grpo.policy_loss.
 """
 import os
 import sys

