@@ -20,9 +20,8 @@ With --pack, `packed_logprobs` runs a micro-batch's rows end to end without padd
 confined to each row: machinery/packed_attention.py) and fuses the LM head with the log-prob, so
 no (N, V) logits exist at all; the padded path above is its reference (tests/test_pack.py).
 
-Tests: tests/test_logprobs.py (float64 exactness, gradcheck, bf16 against the naive form, the
-temperature, the shared-prompt forward) and tests/test_policy.py (packed, trimmed log-probs against
-an unpadded forward of each row). Memory: benchmarks/bench_logprob_memory.py, docs/benchmarks.md.
+Tests: tests/test_logprobs.py (float64, gradcheck, bf16 against the naive form, temperature, shared
+prompt), tests/test_policy.py (against an unpadded forward). Memory: bench_logprob_memory.py.
 """
 from dataclasses import dataclass
 from typing import Optional
