@@ -15,9 +15,7 @@ is π_old itself.
     torchrun --nproc_per_node 2 train.py --method clip --out-dir runs/grpo
     torchrun --nproc_per_node 2 train.py --resume runs/grpo            # from its last checkpoint
     python train.py --max-steps 5                                      # one process: same program
-    python train.py --help                                             # every Config field a flag
-
-The flags are config.Config's fields (config.py: the dataclass and where its defaults are decided).
+    python train.py --help                                             # every config.Config field a flag
 
 Departures from the authors' verl recipe, on purpose (docs/design.md has the rest):
 - Rollout and training alternate on the same ranks (colocated), one vLLM engine per rank, TP = 1.
