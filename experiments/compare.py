@@ -4,9 +4,8 @@ The paper (docs/paper.md §5) claims, on 3B-8B models: (1) BandPO beats GRPO and
 points; (2) it keeps the policy entropy about ten times higher (~0.2 vs ~0.02); (3) it clips far fewer
 low-probability tokens at the upper bound. This script runs `train.py` for every (method, delta, seed), then writes
 <results>/compare.{json,md} and <figure> (by default experiments/results/toy/ and figures/toy_compare.png) with a
-verdict per claim computed from the numbers by experiments/verdicts.py (differences paired by seed, 95% t
-intervals, an equivalence margin, two windows, a no-clip control arm; horizon.py reads the same rules).
-docs/results.md shows and discusses them.
+verdict per claim computed from the numbers by experiments/verdicts.py (paired by seed, 95% t intervals, an
+equivalence margin, two windows, a no-clip control arm; horizon.py reads the same rules), shown in docs/results.md.
 
     python experiments/compare.py                        # the toy comparison on the embedded tiny model (CPU)
     python experiments/compare.py --plot-only            # redraw and re-tabulate from the finished runs
