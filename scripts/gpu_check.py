@@ -1,28 +1,25 @@
 """GPU check: one command that measures what only a GPU can show, and writes it all under one folder.
 
-    python3 scripts/gpu_check.py --device cuda --out DIR           # there (= make gpu-check OUT=DIR): <= 6 min
+    python3 scripts/gpu_check.py --device cuda --out DIR           # there (= make gpu-check OUT=DIR): <= 9.5 min
     python3 scripts/gpu_check.py --device cpu --quick --out DIR     # the same code paths at toy sizes
     bash scripts/gpu_wheels.sh; python scripts/gpu_stage.py vllm    # here, before: what the GPU machine lacks
 
 Sections, in the order of what they are worth, each in a subprocess of its own with a hard time budget (BUDGETS):
-  tests   pytest -m gpu: Band on CUDA against the CPU, the packed kernels (a GQA model too) against float64,
-          float32 FlexAttention forward and backward
-  pack    the update at Qwen2.5-1.5B's shape and long-tailed lengths: padded vs packed, recomputation full,
-          selective and none, compiled layers; MFU on real tokens, and the settings' losses and gradients agreeing
-          within the bf16 bound (scripts/gpu_check_update.py)
+  tests   pytest -m gpu: Band on CUDA, the packed kernels (a GQA model, float32 flex) against float64
+  pack    the update at Qwen2.5-1.5B's shape, long-tailed lengths: padded vs packed, each recomputation mode,
+          compiled layers; MFU, phases and a profile per setting; losses and gradients agreeing (gpu_check_update)
   update  train.update_policy on full-length rows of the same model: MFU, memory, the chunked log-prob's memory
   band    Band-KL/TV/chi^2 on 2^24 float32 log-probs, eager and compiled: ms, error against float64
   train   torchrun train.py --pack on the tiny model (NCCL, FSDP2, bf16), then --resume
-then, where vLLM imports and its whole budget is left before --deadline: sleep, vllm, train_vllm, smollm2
-(scripts/gpu_check_vllm.py). A section that fails or runs out of time is recorded as such (its log's tail, what it
-had measured) and the next one runs; its processes, torchrun's and vLLM's included, are stopped with it, so a CUDA
-hang costs one budget. DIR gets report.json and report.md (rewritten after every section), tests.xml, logs/ (one
-log per section and per command it ran) and the train runs. One line per section on stdout; exit code 1 where a
-section failed or timed out.
+then, where vLLM imports and its whole budget is left before --deadline: rollout (vLLM at a GRPO shape against its
+roofline, scripts/gpu_check_rollout.py), sleep, vllm, train_vllm, smollm2 (scripts/gpu_check_vllm.py). A section that
+fails or runs out of time (or is stopped by SIGTERM) is recorded as such, with its log's tail and what it had
+measured, and the next one runs; its processes, torchrun's and vLLM's included, are stopped with it, so a CUDA hang
+costs one budget. DIR gets report.json and report.md (rewritten after every section), tests.xml, logs/ and the train
+runs. One line per section on stdout; exit code 1 where a section failed or timed out, or none requested ran.
 
-The wheels in .whl/gpu (scripts/gpu_wheels.sh) are installed first, only those whose distribution this Python lacks,
-with `pip install --no-index --no-deps --target .whl/gpu-site`; that folder goes first on the sections' PYTHONPATH,
-and so do the stages of scripts/gpu_stage.py whose parts have all arrived (report keys `wheels`, `staged`).
+First the wheels of .whl/gpu this Python lacks are installed into .whl/gpu-site, and the stages of
+scripts/gpu_stage.py whose parts have all arrived; both go first on the sections' PYTHONPATH (`wheels`, `staged`).
 """
 import argparse
 import importlib
@@ -43,9 +40,9 @@ import gpu_common as common  # noqa: E402
 from gpu_common import QWEN25_1_5B, ROOT, SMOLLM2, TINY, TOY_QWEN, log_path, run_cmd  # noqa: E402
 
 CORE = ("tests", "pack", "update", "band", "train")
-VLLM = ("sleep", "vllm", "train_vllm", "smollm2")  # run where vLLM imports and their budget is left
+VLLM = ("rollout", "sleep", "vllm", "train_vllm", "smollm2")  # run where vLLM imports and their budget is left
 WHERE = {"tests": "gpu_check", "band": "gpu_check", "train": "gpu_check", "pack": "gpu_check_update",
-         "update": "gpu_check_update", **{name: "gpu_check_vllm" for name in VLLM}}
+         "update": "gpu_check_update", **{name: "gpu_check_vllm" for name in VLLM}, "rollout": "gpu_check_rollout"}
 
 FAST = ["--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", "2", "--micro-batch-size", "4",
         "--eval-prompts", "8", "--eval-n", "2", "--max-new-tokens", "12"]  # tests/test_train.py's small shape
@@ -53,11 +50,13 @@ FAST = ["--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", 
 SMOLLM2_FLAGS = ["--data", "arithmetic-instruct:1,3", "--prompts-per-step", "8", "--group-size", "8",
                  "--mini-batch-prompts", "4", "--micro-batch-size", "16", "--max-new-tokens", "32",
                  "--max-prompt-len", "64", "--lr", "2e-5", "--no-grad-checkpointing", "--share-prompt"]
-# Seconds per section. Full: the five core budgets sum to 350 s, so with the start (wheels, machine: a few seconds) a
-# default run ends within 6 minutes on one H100; each is 1.2-1.35x what the section took on an H200 from a cold
-# process (274 s for the five, docs/gpu.md). The vLLM budgets: their H100 times plus a margin. Quick: hang guards.
-BUDGETS = {"full": dict(tests=45, pack=120, update=40, band=65, train=80,
-                        sleep=90, vllm=120, train_vllm=150, smollm2=210),
+# Seconds per section. Full: the five core budgets sum to 470 s, within the 570 s deadline; update, band and train
+# are 1.2-1.35x what they took on an H200 from a cold process (docs/gpu.md); tests and pack are estimates until a
+# GPU runs them: tests adds the float32 FlexAttention test's cold compile (~25 s), pack three timed updates and a
+# profiled one per setting, AdamW, and builds from saved weights. The vLLM budgets: their H100 times plus a margin;
+# rollout: an estimate (two engine starts and 2 x 0.5 M tokens). Quick: hang guards.
+BUDGETS = {"full": dict(tests=80, pack=200, update=45, band=65, train=80,
+                        rollout=240, sleep=90, vllm=120, train_vllm=150, smollm2=210),
            "quick": {name: 300 for name in CORE + VLLM}}
 # pack: (budget, recompute, compiled layers) after the padded token budget; train: (steps of the first run, of the
 # resumed run, --eval-every, more flags); memory: the logits (B, T, V) of the log-prob memory
@@ -65,7 +64,7 @@ SIZES = {
     "full": dict(band_n=1 << 24, repeats=5, memory=(2, 4096, 151936),
                  train=(8, 12, 4, ["--pack", "--eval-prompts", "32"]), train_vllm=(10, 15, 5, []),
                  update=dict(model=QWEN25_1_5B, B=8, P=256, T=4096, micro=4, iters=3),
-                 pack=dict(model=QWEN25_1_5B, rows=32, P=256, T=4096, padded=16384,
+                 pack=dict(model=QWEN25_1_5B, rows=32, P=256, T=4096, padded=16384, timed=3,
                            packed=[(32768, "full", False), (16384, "selective", False), (8192, "none", False),
                                    (8192, "none", True)]),
                  vllm=dict(prompts=16, n=8, tokens=32, lr=1e-3),
@@ -73,7 +72,7 @@ SIZES = {
     "quick": dict(band_n=1 << 18, repeats=3, memory=(2, 256, 32768),
                   train=(1, 2, 1, ["--pack", *FAST]), train_vllm=(1, 2, 1, FAST),
                   update=dict(model=TOY_QWEN, B=4, P=16, T=64, micro=2, iters=2),
-                  pack=dict(model=TOY_QWEN, rows=8, P=16, T=64, padded=160,
+                  pack=dict(model=TOY_QWEN, rows=8, P=16, T=64, padded=160, timed=3,
                             packed=[(320, "full", False), (160, "selective", False), (80, "none", False),
                                     (80, "none", True)]),
                   vllm=dict(prompts=4, n=4, tokens=12, lr=1e-3),

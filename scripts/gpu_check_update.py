@@ -1,18 +1,22 @@
 """GPU check, the update sections, at Qwen2.5-1.5B's shape with random weights: `pack` (the update at long-tailed
-response lengths: padded against packed micro-batches, each recomputation mode, compiled layers; MFU on real tokens;
-the settings' losses and gradients agreeing within what their arithmetic allows) and `update` (full-length rows, and
-the chunked log-prob's memory). Run through scripts/gpu_check.py (`--only pack,update`), whose report they fill.
+response lengths: padded against packed micro-batches, each recomputation mode, compiled layers; MFU on real tokens,
+each update split by phase and profiled; the settings' losses and gradients agreeing within what their arithmetic
+allows) and `update` (full-length rows, and the chunked log-prob's memory). Every model is the trainer's own:
+policy.build_model loads the random weights from a folder (gpu_common.random_model) and policy.make_optimizer steps
+it. Run through scripts/gpu_check.py (`--only pack,update`), whose report they fill.
 """
 import inspect
 import math
 import resource
 import sys
+import tempfile
 
 import torch
 
 from bench_lengths import model_flops
-from gpu_common import bf16_peak_tflops, device_name, log_path, mfu, now, process_group, progress, run_cmd, \
-    train_config
+from gpu_check_timing import Phases, profiled, summarize
+from gpu_common import bf16_peak_tflops, device_name, log_path, mfu, now, process_group, progress, random_model, \
+    run_cmd, train_config
 
 
 def long_tailed_batch(conf, R, P, T, device):
@@ -28,82 +32,46 @@ def long_tailed_batch(conf, R, P, T, device):
     return RolloutBatch(ids.to(device), attn.to(device), attn[:, P:].float().to(device), P), adv.to(device), resp
 
 
-def sharded_copy(conf, state, device, param_dtype, recompute, compiled, kernel):
-    """A fresh model with the weights of `state`, built as policy.build_model builds one: on the meta device,
-    recomputation set and layers compiled (policy.set_recompute, policy.compile_layers) before fully_shard, each
-    layer then the root, kept unsharded after a forward (one rank); then packing enabled with `kernel`."""
-    from accelerate import init_empty_weights
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from transformers import AutoModelForCausalLM
-
-    import policy
-    from logprobs import enable_packing
-
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
-    model.tie_weights()
-    model.config.use_cache = False
-    buffers = {name: b.clone() for name, b in model.named_buffers()}  # the rotary frequencies, built for real
-    policy.set_recompute(model, recompute)
-    if compiled:
-        policy.compile_layers(model)
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) \
-        if param_dtype != torch.float32 else MixedPrecisionPolicy()
-    for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp, reshard_after_forward=False)
-    fully_shard(model, mp_policy=mp, reshard_after_forward=False)
-    model.to_empty(device=device)
-    with torch.no_grad():
-        for name, b in model.named_buffers():
-            b.copy_(buffers[name])
-        for name, p in model.named_parameters():
-            p.to_local().copy_(state[name.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")])
-    return enable_packing(model, kernel).train()
-
-
 def section_pack(args, size, out):
     """The update at long-tailed lengths on a Qwen2.5-1.5B-shaped model (toy-sized with --quick), one setting after
     another on the same weights and batch: padded rows in a token budget (the reference path) with full
     recomputation, then packed budgets with full, selective and no recomputation and with compiled layers
-    (SIZES["pack"]). Each: the second of two updates timed (the first warms up; compiled, it compiles: compile_s),
-    real tokens/s, MFU on real tokens with its FLOP formula, peak memory (the allocator's peak above what the check
-    itself held when the setting began: the weights it copies from and the reference's gradient, 11.5 GiB at the
-    1.5B shape), the summed loss, the gradient's distance to a wider-precision reference, the packed kernel's calls
-    (counted where it is called, eager settings only).
+    (SIZES["pack"]). Each setting is a model built by policy.build_model and stepped by policy.make_optimizer's
+    AdamW at lr 0 (a real step that keeps the weights): a warm-up update (compiled, it compiles: compile_s), then
+    `timed` updates, their median and spread, each split by phase (gpu_check_timing.Phases: forward, head,
+    backward, optimizer, other; `phases_s`: the median update's), then one more under the profiler (`profile`: time
+    by kernel category, the GPU's idle fraction, syncs and host-to-device copies per update). Also real tokens/s,
+    MFU on real tokens with its FLOP formula, peak memory (the allocator's peak above what the check itself held
+    when the setting began: the reference's gradient), the summed loss, the gradient's distance to the reference,
+    the packed kernel's calls (counted where it is called, eager settings only). Compute in bf16 on every device,
+    the reference in float32: the pair a GPU run has.
 
     Agreement, derived. With π_old taken from the update's own forward the ratio is exactly 1, so the summed loss is
     -Σ_i A_i / R (seq-mean-token-mean) in every setting, computed in float32 (the log-probs are float32 in both paths)
     in other orders: two settings differ by at most 2 (n + 2) u S, n the response tokens, S = Σ_i |A_i| / R, u = 2^-24
     (a dropped row moves it by |A_i| / R, far more). The gradient is where the kernels, the recomputation and the
-    compiled code show: against a reference in the next wider dtype (float32 for bf16 compute, float64 for float32),
-    padded, full recomputation, every packed setting's relative error |g - g_ref| / |g_ref| is at most twice the
-    padded bf16 setting's: both round weights and activations to the same dtype at the same depth, so their errors
-    have the same scale (tests/test_pack.py's CUDA test and tests/test_pack_gqa.py state the same premise)."""
+    compiled code show: against the float32 reference (padded, full recomputation), every packed setting's relative
+    error |g - g_ref| / |g_ref| is at most twice the padded bf16 setting's: both round weights and activations to
+    bf16 at the same depth, so their errors have the same scale (tests/test_pack.py's CUDA test and
+    tests/test_pack_gqa.py state the same premise)."""
     from transformers import Qwen2Config
 
+    import policy
     import train
     from machinery import packed_attention
 
     S, device = size["pack"], process_group(args)
     R, P, T = S["rows"], S["P"], S["T"]
     conf = Qwen2Config(**S["model"])
-    bf16 = device.type == "cuda"
-    dtype, ref_dtype = (torch.bfloat16, torch.float32) if bf16 else (torch.float32, torch.float64)
-    torch.manual_seed(0)
-    with torch.device(device):  # random init on the device itself: no host copy of 6 GB of fp32 weights
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
-    model.tie_weights()
-    state = {name: p.detach() for name, p in model.named_parameters()}  # every setting starts from these
-    n_params = sum(p.numel() for p in state.values())
-    del model
+    folder = tempfile.TemporaryDirectory(prefix="gpu-check-model-")  # the weights, in bf16: not under `out`
+    n_params = random_model(conf, folder.name, device)
     batch, adv, resp = long_tailed_batch(conf, R, P, T, device)
     flops, formula = model_flops(conf, n_params, torch.full((R,), P), resp)
     real, name = int(P * R + resp.sum()), device_name(device)
-    peak = bf16_peak_tflops(name) if bf16 else None
-    kernel = packed_attention.kernel_for(device, dtype)
+    peak = bf16_peak_tflops(name) if device.type == "cuda" else None
+    kernel = packed_attention.kernel_for(device, torch.bfloat16)
     res = {"model": f"Qwen2ForCausalLM, {n_params / 1e6:.1f} M parameters (random init)",
-           "dtype": str(dtype).removeprefix("torch."), "rows": R, "prompt": P, "response_max": T,
+           "dtype": "bfloat16", "reference_dtype": "float32", "rows": R, "prompt": P, "response_max": T,
            "response_mean": round(float(resp.double().mean()), 1), "real_tokens": real, "flops_formula": formula,
            "model_tflops_per_update": flops / 1e12, "gpu": name,
            "peak_tflops": peak or f"unknown: no dense bf16 peak known for {name!r} (MFU null)",
@@ -115,14 +83,14 @@ def section_pack(args, size, out):
         return run_kernel(*a)
 
     def grads(model):  # kept as they are: the optimizer's zero_grad sets them to None, the next backward makes new
-        return {n: p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for n, p in model.named_parameters()}
+        return {n.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", ""):
+                p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for n, p in model.named_parameters()}
 
-    def run(key, budget, pack, recompute, compiled, param_dtype, updates=2):
-        """One setting: a fresh model, `updates` updates (the last timed, the first's gradient kept)."""
-        cfg = train_config(method="bandkl", prompts_per_step=1, mini_batch_prompts=1, micro_batch_size=R,
-                           micro_batch_tokens=budget, pack=pack, max_new_tokens=T, lr=0.0, grad_clip=1e30,
-                           train_dtype="bfloat16" if param_dtype == torch.bfloat16 else "float32")
-        import policy
+    def run(key, budget, pack, recompute, compiled, train_dtype, timed):
+        """One setting: a fresh model, a warm-up update (its gradient kept), `timed` updates, one profiled."""
+        cfg = train_config(model=folder.name, method="bandkl", prompts_per_step=1, mini_batch_prompts=1,
+                           micro_batch_size=R, micro_batch_tokens=budget, pack=pack, recompute=recompute,
+                           compile_layers=compiled, max_new_tokens=T, lr=0.0, grad_clip=1e30, train_dtype=train_dtype)
         mbs = policy.micro_batches(slice(0, R), cfg, batch.spans)
         rec = {"recompute": recompute, "compiled_layers": compiled, "micro_batch_tokens": budget,
                "micro_batches": len(mbs),
@@ -130,30 +98,48 @@ def section_pack(args, size, out):
                                                  batch.spans, pack) for mb in mbs)}
         rec["padded_over_real"] = round(rec["padded_tokens"] / real, 3)
         packed_attention.KERNELS[kernel] = run_kernel if compiled else counted  # no Python counter in a graph
-        model = None
+        model = optimizer = None
         try:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
-                held = torch.cuda.memory_allocated(device)  # the check's own: weights to copy, reference gradient
-            model = sharded_copy(conf, state, device, param_dtype, recompute, compiled, kernel)
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the weights stay: one model for all
-            kept = {}
+                held = torch.cuda.memory_allocated(device)  # the check's own: the reference gradient
+            model = policy.build_model(cfg, device)
+            optimizer = policy.make_optimizer(model, cfg)  # lr 0: the weights stay, one model for all settings
+            rec["optimizer"] = f"{type(optimizer).__name__} (policy.make_optimizer), lr 0"
+            kept, phases = {}, Phases(model, optimizer, device)
             hook = optimizer.register_step_pre_hook(lambda *_: kept.update(grads(model)))
-            before, times = calls["n"], []
-            for _ in range(updates):
+            before, times, splits = calls["n"], [], []
+
+            def update():
+                return train.update_policy(model, optimizer, cfg, batch, adv, None)
+
+            for i in range(1 + timed):
+                phases.start()
                 t0 = now(device)
-                sums, skipped, grad_norm = train.update_policy(model, optimizer, cfg, batch, adv, None)
-                times.append(now(device) - t0)
-                hook.remove()  # the first update's gradient only: the timed one does no extra work
-            t = times[-1]
-            rec.update(update_s=round(t, 3), first_update_s=round(times[0], 3), real_tokens_per_s=round(real / t, 1),
-                       mfu_real=mfu(flops, t, peak), loss=float(sums["sum_loss"]), grad_norm=float(grad_norm),
-                       skipped_updates=skipped,
-                       peak_memory_gib=round((torch.cuda.max_memory_allocated(device) - held) / 2**30, 2)
-                       if device.type == "cuda" else None)
+                sums, skipped, grad_norm = update()
+                t = now(device) - t0
+                split = phases.split()
+                hook.remove()  # the first update's gradient only: the timed ones do no extra work
+                if i == 0:
+                    first, first_split = t, split
+                else:
+                    times.append(t)
+                    splits.append(split)
+            if not times:  # the reference: its one update is what there is
+                times, splits = [first], [first_split]
+            timing = summarize(times, splits)
+            t = timing["median"]
+            rec.update(update_s=t, update_s_spread=timing["spread"], update_s_all=timing["all"],
+                       updates_timed=timed, first_update_s=round(first, 3), phases_s=timing["phases"],
+                       real_tokens_per_s=round(real / t, 1), mfu_real=mfu(flops, t, peak),
+                       loss=float(sums["sum_loss"]), grad_norm=float(grad_norm), skipped_updates=skipped)
+            if timed:
+                rec["profile"] = profiled(update, device, t)
+            rec["peak_memory_gib"] = (round((torch.cuda.max_memory_allocated(device) - held) / 2**30, 2)
+                                      if device.type == "cuda" else None)
             if compiled:
-                rec["compile_s"] = round(times[0] - t, 2)  # the first update's extra time
+                rec["compile_s"] = round(first - t, 2)  # the first update's extra time
             else:
                 rec["kernel_calls"] = calls["n"] - before
                 if (rec["kernel_calls"] > 0) != pack:
@@ -170,7 +156,7 @@ def section_pack(args, size, out):
             rec.update(error=f"{type(e).__name__}: {str(e)[:1500]}")
         finally:
             packed_attention.KERNELS[kernel] = run_kernel
-            del model
+            del model, optimizer
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         res[key] = rec
@@ -179,13 +165,14 @@ def section_pack(args, size, out):
         progress(res)
 
     # --- the reference, then the settings ---
-    run("reference", S["padded"], False, "full", False, ref_dtype, updates=1)
+    run("reference", S["padded"], False, "full", False, "float32", timed=0)
     settings = [(f"token_budget_{S['padded']}", S["padded"], False, "full", False)]
     for budget, recompute, compiled in S["packed"]:
         key = f"packed_{budget}" + ("" if recompute == "full" else f"_{recompute}") + ("_compiled" if compiled else "")
         settings.append((key, budget, True, recompute, compiled))
     for key, budget, pack, recompute, compiled in settings:
-        run(key, budget, pack, recompute, compiled, dtype)
+        run(key, budget, pack, recompute, compiled, "bfloat16", S["timed"])
+    folder.cleanup()
     res["attention_kernel_calls"] = calls["n"]
 
     # --- the best packed setting, and the agreement ---
@@ -228,8 +215,7 @@ def section_pack(args, size, out):
 def section_update(args, size, out):
     """train.update_policy alone on a Qwen2.5-1.5B-shaped model, full-length rows: tokens/s, MFU, peak memory,
     log-prob memory."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import Qwen2Config
 
     import policy
     import train
@@ -240,24 +226,16 @@ def section_update(args, size, out):
     memory = logprob_memory(device, *size["memory"], log_path(out, "update-logprob-memory"))  # on an empty device
     dtype = "bfloat16" if device.type == "cuda" else resolve_dtype("auto")
     conf = Qwen2Config(**U["model"])
-    with torch.device(device):  # random init on the device itself: no host copy of 6 GB of fp32 weights
-        model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
-    model.tie_weights()
-    n_params = sum(p.numel() for p in model.parameters())
-    model.config.use_cache = False
-    policy.set_recompute(model, "full")
-    # as policy.build_model: each decoder layer, then the root; bf16 compute, fp32 master weights and reduction
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if dtype == "bfloat16" \
-        else MixedPrecisionPolicy()
-    for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    # one mini-batch (prompts_per_step = mini_batch_prompts) of B full-length rows, its old log-probs given
     B, P, T, micro = U["B"], U["P"], U["T"], U["micro"]
-    cfg = train_config(method="bandkl", prompts_per_step=1, mini_batch_prompts=1, micro_batch_size=micro,
-                       max_new_tokens=T, lr=1e-6, train_dtype=dtype)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-model-") as folder:  # the weights: not under `out`
+        n_params = random_model(conf, folder, device)
+        # one mini-batch (prompts_per_step = mini_batch_prompts) of B full-length rows, padded (no --pack), with
+        # full recomputation: the trainer's own build (bf16 compute, fp32 master weights and reduction) and AdamW
+        cfg = train_config(model=folder, method="bandkl", prompts_per_step=1, mini_batch_prompts=1,
+                           micro_batch_size=micro, max_new_tokens=T, lr=1e-6, train_dtype=dtype, pack=False,
+                           recompute="full", compile_layers=False)
+        model = policy.build_model(cfg, device)
+    optimizer = policy.make_optimizer(model, cfg)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, conf.vocab_size, (B, P + T), generator=g).to(device)  # (B, P+T)
     attn, mask = torch.ones_like(ids), torch.ones(B, T, device=device)           # (B, P+T), (B, T)

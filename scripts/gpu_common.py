@@ -42,6 +42,18 @@ BF16_PEAK_TFLOPS = {"NVIDIA H100 80GB HBM3": 989, "NVIDIA H100 PCIe": 756, "NVID
 A100 = re.compile(r"NVIDIA A100[- ](SXM4-(40|80)GB|PCIE-40GB|80GB PCIe)")
 
 
+# HBM bandwidth in TB/s (10^12 bytes/s), the same datasheets, keyed alike: H100 SXM 3.35, PCIe 2.0, NVL 3.9; H200
+# SXM and NVL 4.8; A100 80GB SXM4 2.039, 80GB PCIe 1.935, 40GB 1.555. The rollout section's roofline.
+HBM_TB_S = {"NVIDIA H100 80GB HBM3": 3.35, "NVIDIA H100 PCIe": 2.0, "NVIDIA H100 NVL": 3.9, "NVIDIA H200": 4.8,
+            "NVIDIA H200 NVL": 4.8, "NVIDIA A100-SXM4-80GB": 2.039, "NVIDIA A100 80GB PCIe": 1.935,
+            "NVIDIA A100-SXM4-40GB": 1.555, "NVIDIA A100-PCIE-40GB": 1.555}
+
+
+def hbm_tb_s(name):
+    """The HBM bandwidth of the GPU that torch names `name`, or None where it is not in the table."""
+    return HBM_TB_S.get(name.strip())
+
+
 def bf16_peak_tflops(name):
     """The dense bf16 peak of the GPU that torch names `name`, or None where it is not in the table."""
     name = name.strip()
@@ -212,6 +224,23 @@ def train_config(**kw):
 
     kw.setdefault("train_dtype", resolve_dtype("auto"))
     return train.Config(**kw)
+
+
+def random_model(conf, folder, device):
+    """A causal LM of config `conf` with random weights (seed 0, initialised on `device`), saved in bf16 to `folder`
+    for policy.build_model to load as it loads a checkpoint (from_pretrained upcasts to its fp32 master weights
+    exactly): the check builds its models through the trainer's own builder. -> its parameter count."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):  # on the device itself: no host copy of 3 GB of bf16 weights to make
+        model = AutoModelForCausalLM.from_config(conf, dtype=torch.bfloat16)
+    model.tie_weights()
+    model.save_pretrained(folder)
+    n = sum(p.numel() for p in model.parameters())
+    del model
+    return n
 
 
 def now(device):

