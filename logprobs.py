@@ -265,12 +265,8 @@ def enable_packing(model, kernel=None, chunk=None):
 
     from machinery import packed_attention
     head = model.get_output_embeddings()
-    if getattr(head, "bias", None) is not None or getattr(model.config, "final_logit_softcapping",
-                                                          None):
-        raise ValueError(f"{type(model).__name__}: the fused head computes logits = hidden @ "
-                         f"W^T only (no bias, no soft-capping)")
     kernel = kernel or packed_attention.kernel_for(head.weight.device)
-    windows = packed_attention.check_supported(model, kernel)
+    windows = check_packable(model, kernel)
     packed_attention.register()
     model.set_attn_implementation(packed_attention.NAME)
     setattr(model, PACKED_FORWARD, types.MethodType(_packed_forward, model))
@@ -280,6 +276,25 @@ def enable_packing(model, kernel=None, chunk=None):
     if isinstance(model, FSDPModule):
         register_fsdp_forward_method(model, PACKED_FORWARD)
     return model
+
+
+def check_packable(model, kernel):
+    """Refuse (ValueError, one line naming it) a model the packed path does not implement: an LM
+    head with a bias or soft-capped logits (the fused head computes hidden @ W^T only), or attention
+    that packed_attention.check_supported refuses; else return its sliding windows. `model`: a
+    transformers model, or its config (its modules then built on the meta device, no weights, so
+    train.py refuses before anything loads)."""
+    from transformers import AutoModelForCausalLM, PretrainedConfig
+
+    from machinery import packed_attention
+    if isinstance(model, PretrainedConfig):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model)
+    if (getattr(model.get_output_embeddings(), "bias", None) is not None
+            or getattr(model.config, "final_logit_softcapping", None)):
+        raise ValueError(f"{type(model).__name__}: the fused head computes logits = hidden @ "
+                         f"W^T only (no bias, no soft-capping): run with --no-pack")
+    return packed_attention.check_supported(model, kernel)
 
 
 def packed_logprobs(model, input_ids, n_prompt, spans, temperature=1.0, with_entropy=False,

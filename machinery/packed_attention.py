@@ -128,11 +128,9 @@ def model_windows(config):
 
 def check_supported(model, kernel):
     """Refuse (ValueError, one line naming it) any attention feature of `model` that the packed
-    kernels do not implement: the packed path would run without it and be silently wrong. `model`:
-    a transformers model, or its config (then its modules are built on the meta device, no weights:
-    train.py refuses before anything loads). Returns the model's sliding windows (model_windows)."""
-    from transformers import PretrainedConfig
-    config = model if isinstance(model, PretrainedConfig) else model.config
+    kernels do not implement: the packed path would run without it and be silently wrong (a model
+    on the meta device will do: logprobs.check_packable). Returns its sliding windows (model_windows)."""
+    config = model.config
     for name in ("attn_logit_softcapping", "attention_chunk_size"):
         if getattr(config, name, None) is not None:
             raise ValueError(f"packed attention does not implement {name}={getattr(config, name)} "
@@ -143,10 +141,6 @@ def check_supported(model, kernel):
     if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
         raise ValueError(f"packed attention has no dropout; attention_dropout="
                          f"{config.attention_dropout}: set it to 0 or run with --no-pack")
-    if model is config:
-        from transformers import AutoModelForCausalLM
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
     sinks = next((n for n, m in model.named_modules() if hasattr(m, "sinks")), None)
     if sinks is not None:
         raise ValueError(f"packed attention does not implement attention sinks ({sinks}.sinks): "
