@@ -16,8 +16,6 @@ roofline_fraction = floor_s / measured seconds (1 = at the roofline).
 import tempfile
 import time
 
-import torch
-
 from gpu_common import QWEN25_1_5B, bf16_peak_tflops, device_name, hbm_tb_s, process_group, progress, random_model
 
 # the section's shapes: prompts x samples x new tokens after prompts of P tokens
@@ -70,6 +68,7 @@ def section_rollout(args, size, out):
     skip = vllm_skip()
     if skip:
         return skip
+    import torch
     from transformers import Qwen2Config
 
     import rollout

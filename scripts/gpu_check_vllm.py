@@ -1,7 +1,8 @@
 """GPU check, the vLLM sections: sleep / wake-up and the weight sync in this process (`sleep`), the FSDP2 trainer
 beside a colocated engine under torchrun (`vllm`, its worker `vllm_worker`), train.py with --rollout vllm
 (`train_vllm`) and the same SmolLM2 job with each engine (`smollm2`). Each records `skipped` with the reason where
-vLLM cannot be imported. Run through scripts/gpu_check.py, whose report they fill.
+vLLM cannot be imported (before torch is imported: a skip costs an interpreter's start). Run through
+scripts/gpu_check.py, whose report they fill.
 """
 import json
 import math
@@ -9,9 +10,6 @@ import os
 import shutil
 import sys
 import time
-
-import torch
-import torch.distributed as dist
 
 from gpu_common import (ROOT, TINY, log_path, process_group, rollout_tokens_per_s, run_cmd, run_metrics, torchrun_train,
                         train_and_resume, train_config)
@@ -40,6 +38,7 @@ def section_sleep(args, size, out):
     skip = vllm_skip()
     if skip:
         return skip
+    import torch
     import vllm
 
     import rollout
@@ -102,11 +101,14 @@ def vllm_worker(args, size, out):
     errors against f have the same scale, mean |e - f| ~ mean |t - f| (the report shows both: the premise is
     checked, not assumed): tol = 2 mean |t - f| + the float32 error of f itself, which tests/test_rollout.py
     derives as 2 * 2 * n_layers * sqrt(d_ff) * 2^-24 * max |logit| (that term alone is the tolerance in fp32)."""
+    import torch
+    import torch.distributed as dist
+    import vllm
+
     import data
     import policy
     import rollout
     import train
-    import vllm
     from logprobs import pack, sequence_logprobs
     from transformers import AutoModelForCausalLM
 
