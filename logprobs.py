@@ -302,38 +302,48 @@ def packed_logprobs(model, input_ids, n_prompt, spans, temperature=1.0, with_ent
     """The same (logp (b, T), entropy (b, T) or None) as `sequence_logprobs` of one micro-batch,
     from a packed forward: the rows' real tokens (prompt + response, no padding) concatenated into
     one sequence (1, N), positions restarting at each row, attention confined to each row
-    (machinery/packed_attention.py; `kernel` None: the one enable_packing chose). The LM head runs on the response
-    positions only and is fused with the log-prob (`_HeadLogprob`): no (N, V) logits, in any
-    dtype. `model` needs enable_packing. Host work: index lists of N entries."""
+    (machinery/packed_attention.py; `kernel` None: the one enable_packing chose). The LM head runs
+    on the response positions only and is fused with the log-prob (`_HeadLogprob`): no (N, V)
+    logits, in any dtype. `model` needs enable_packing. The indices are built on the device from
+    one copy of the spans (`packed_indices`), never from host lists of N entries."""
     from machinery import packed_attention
     b, T = input_ids.shape[0], input_ids.shape[1] - n_prompt
-    rows, cols, pos, src, dst_row, dst_col, lengths = [], [], [], [], [], [], []
-    start = 0
-    for i, (p, r) in enumerate(spans):
-        n = p + r
-        rows += [i] * n
-        cols += range(n_prompt - p, n_prompt + r)
-        pos += range(n)
-        src += range(start + p - 1, start + p - 1 + r)  # position j predicts token j + 1
-        dst_row += [i] * r
-        dst_col += range(r)
-        lengths.append(n)
-        start += n
     dev = input_ids.device
-
-    def index(x):  # int64 even when empty (a micro-batch of empty responses has no positions)
-        return torch.tensor(x, dtype=torch.long, device=dev)
-
-    ids = input_ids[index(rows), index(cols)]                                            # (N,)
-    src = index(src)                                                                     # (n_resp,)
-    packing = packed_attention.make_packing(lengths, dev, kernel or getattr(model, PACKED_KERNEL),
-                                            getattr(model, PACKED_WINDOWS))
-    logp, ent = getattr(model, PACKED_FORWARD)(ids[None], torch.tensor([pos], device=dev), packing,
-                                               src, ids[src + 1], temperature, with_entropy)
-    at = (index(dst_row), index(dst_col))
-    out = [torch.zeros(b, T, dtype=logp.dtype, device=dev).index_put(at, x)             # (b, T)
-           for x in ((logp, ent) if with_entropy else (logp,))]
+    x = packed_indices(spans, n_prompt, dev)
+    ids = input_ids[x["row"], x["col"]]                                                  # (N,)
+    packing = packed_attention.make_packing([p + r for p, r in spans], dev,
+                                            kernel or getattr(model, PACKED_KERNEL),
+                                            getattr(model, PACKED_WINDOWS), x["lengths"])
+    logp, ent = getattr(model, PACKED_FORWARD)(ids[None], x["pos"][None], packing, x["src"],
+                                               ids[x["src"] + 1], temperature, with_entropy)
+    at = (x["dst_row"], x["dst_col"])
+    out = [torch.zeros(b, T, dtype=logp.dtype, device=dev).index_put(at, v)             # (b, T)
+           for v in ((logp, ent) if with_entropy else (logp,))]
     return out[0], out[1] if with_entropy else None
+
+
+def packed_indices(spans, n_prompt, device):
+    """The packed micro-batch's indices, int64 on `device`, from one host-to-device copy of the
+    spans [(p, r)] (pinned and asynchronous on CUDA: no stream synchronisation; the sizes come
+    from the host's spans, so no repeat_interleave waits on the device): for the N packed tokens,
+    `row`, `col` (in the padded (b, P + T) batch) and `pos` (in its row); for the R response
+    tokens, `src` (the packed position that predicts each: the token before it), `dst_row` and
+    `dst_col` (in the (b, T) output); `lengths` (b,) of the rows."""
+    N, R = sum(p + r for p, r in spans), sum(r for _, r in spans)
+    host = torch.tensor(spans, dtype=torch.long).reshape(-1, 2)                        # (b, 2)
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    pr = host.to(device, non_blocking=True)
+    p, r = pr[:, 0], pr[:, 1]                                                          # (b,) each
+    n = p + r                                                                          # (b,)
+    rows = torch.arange(len(spans), device=device)
+    row = torch.repeat_interleave(rows, n, output_size=N)                             # (N,)
+    pos = torch.arange(N, device=device) - (n.cumsum(0) - n)[row]                      # (N,)
+    dst_row = torch.repeat_interleave(rows, r, output_size=R)                         # (R,)
+    dst_col = torch.arange(R, device=device) - (r.cumsum(0) - r)[dst_row]              # (R,)
+    src = (n.cumsum(0) - n + p - 1)[dst_row] + dst_col                                 # (R,)
+    return {"row": row, "col": n_prompt - p[row] + pos, "pos": pos, "src": src,
+            "dst_row": dst_row, "dst_col": dst_col, "lengths": n}
 
 
 def _packed_forward(self, ids, position_ids, packing, src, targets, temperature, with_entropy):

@@ -84,19 +84,22 @@ def kernel_for(device, dtype=torch.bfloat16):
     return choose_kernel(device.type, cap, dtype)
 
 
-def make_packing(lengths, device, kernel=None, windows=(None,)):
+def make_packing(lengths, device, kernel=None, windows=(None,), device_lengths=None):
     """Packing of rows of `lengths` tokens (each >= 1) laid end to end on `device`. windows: the
     sliding windows the model's layers use (`model_windows`; None: full causal attention), for
-    which flex builds its masks here, once per forward."""
+    which flex builds its masks here, once per forward. device_lengths: the same lengths already on
+    the device (int64), so that nothing more is copied from the host."""
     kernel = kernel or kernel_for(device)
     ends = torch.tensor(lengths).cumsum(0).tolist()
     bounds = list(zip([0] + ends[:-1], ends))
-    cu = torch.tensor([0] + ends, dtype=torch.int32, device=device)          # (rows + 1,)
+    if device_lengths is None:
+        device_lengths = torch.tensor(lengths, device=device)
+    cu = F.pad(device_lengths.cumsum(0), (1, 0)).to(torch.int32)                 # (rows + 1,)
     block_masks = None
     if kernel == "flex":
         from torch.nn.attention.flex_attention import create_block_mask
-        doc = torch.repeat_interleave(torch.arange(len(lengths), device=device),
-                                      torch.tensor(lengths, device=device))  # (N,) row of a token
+        doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), device_lengths,
+                                      output_size=ends[-1])                   # (N,) row of a token
         block_masks = {w: create_block_mask(document_mask(doc, w), None, None, ends[-1], ends[-1],
                                             device=device) for w in windows}
     return Packing(kernel, bounds, cu, max(lengths), block_masks)

@@ -232,3 +232,46 @@ def test_same_config_same_bits_whatever_the_free_memory(group, monkeypatch):
     assert torch.equal(out[0][0], out[1][0])
     for name, g in out[0][1].items():
         assert torch.equal(out[1][1][name], g), name
+
+
+def brute_force_indices(spans, n_prompt):
+    """packed_indices' lists, one token at a time in plain Python."""
+    out = {k: [] for k in ("row", "col", "pos", "src", "dst_row", "dst_col")}
+    start = 0
+    for i, (p, r) in enumerate(spans):
+        for j in range(p + r):
+            out["row"].append(i)
+            out["col"].append(n_prompt - p + j)
+            out["pos"].append(j)
+        for j in range(r):  # response token j sits at packed position start + p + j, predicted by the one before
+            out["src"].append(start + p + j - 1)
+            out["dst_row"].append(i)
+            out["dst_col"].append(j)
+        start += p + r
+    return out
+
+
+def test_packed_indices_built_on_the_device_equal_brute_force():
+    """logprobs.packed_indices (cumulative sums and repeat_interleave on the device) against the indices written out
+    token by token, for SPANS (an empty response among them), one row, and rows with empty responses only."""
+    for spans in (SPANS, [(5, 3)], [(2, 0), (3, 0)]):
+        P = max(p for p, _ in spans)
+        got = logprobs.packed_indices(spans, P, "cpu")
+        for key, want in brute_force_indices(spans, P).items():
+            assert got[key].dtype == torch.long and got[key].tolist() == want, (spans, key)
+        assert got["lengths"].tolist() == [p + r for p, r in spans]
+
+
+@pytest.mark.gpu
+def test_packed_indices_do_not_synchronise_on_cuda():
+    """The packed path's index building does no blocking host-device transfer: under
+    torch.cuda.set_sync_debug_mode("error") (which raises on any synchronising CUDA call) packed_indices runs, and
+    its indices equal the brute-force ones."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = logprobs.packed_indices(SPANS, 7, "cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for key, want in brute_force_indices(SPANS, 7).items():
+        assert got[key].tolist() == want, key
