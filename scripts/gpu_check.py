@@ -12,11 +12,12 @@ Sections, in the order of what they are worth, each in a subprocess of its own w
   band    Band-KL/TV/chi^2 on 2^24 float32 log-probs, eager and compiled: ms, error against float64
   train   torchrun train.py --pack on the tiny model (NCCL, FSDP2, bf16), then --resume
 then, where vLLM imports and its whole budget is left before --deadline: rollout (vLLM at a GRPO shape against its
-roofline, scripts/gpu_check_rollout.py), sleep, vllm, train_vllm, smollm2 (scripts/gpu_check_vllm.py). A section that
-fails or runs out of time (or is stopped by SIGTERM) is recorded as such, with its log's tail and what it had
-measured, and the next one runs; its processes, torchrun's and vLLM's included, are stopped with it, so a CUDA hang
-costs one budget. DIR gets report.json and report.md (rewritten after every section), tests.xml, logs/ and the train
-runs. One line per section on stdout; exit code 1 where a section failed or timed out, or none requested ran.
+roofline) and step (a whole train.py step at that shape), scripts/gpu_check_rollout.py; sleep, vllm, train_vllm,
+smollm2, scripts/gpu_check_vllm.py. A section that fails, runs out of time or is stopped by SIGTERM is recorded as
+such, with its log's tail and what it had measured, and the next one runs; its processes, torchrun's and vLLM's
+included, are stopped with it, so a CUDA hang costs one budget. DIR gets report.json and report.md (rewritten after
+every section), tests.xml, logs/ and the train runs. One line per section on stdout; exit code 1 where a section
+failed or timed out, or none requested ran.
 
 First the wheels of .whl/gpu this Python lacks are installed into .whl/gpu-site, and the stages of
 scripts/gpu_stage.py whose parts have all arrived; both go first on the sections' PYTHONPATH (`wheels`, `staged`).
@@ -40,9 +41,10 @@ import gpu_common as common  # noqa: E402
 from gpu_common import QWEN25_1_5B, ROOT, SMOLLM2, TINY, TOY_QWEN, log_path, run_cmd  # noqa: E402
 
 CORE = ("tests", "pack", "update", "band", "train")
-VLLM = ("rollout", "sleep", "vllm", "train_vllm", "smollm2")  # run where vLLM imports and their budget is left
+VLLM = ("rollout", "step", "sleep", "vllm", "train_vllm", "smollm2")  # where vLLM imports and their budget is left
 WHERE = {"tests": "gpu_check", "band": "gpu_check", "train": "gpu_check", "pack": "gpu_check_update",
-         "update": "gpu_check_update", **{name: "gpu_check_vllm" for name in VLLM}, "rollout": "gpu_check_rollout"}
+         "update": "gpu_check_update", **{name: "gpu_check_vllm" for name in VLLM}, "rollout": "gpu_check_rollout",
+         "step": "gpu_check_rollout"}
 
 FAST = ["--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", "2", "--micro-batch-size", "4",
         "--eval-prompts", "8", "--eval-n", "2", "--max-new-tokens", "12"]  # tests/test_train.py's small shape
@@ -54,10 +56,11 @@ SMOLLM2_FLAGS = ["--data", "arithmetic-instruct:1,3", "--prompts-per-step", "8",
 # are 1.2-1.35x what they took on an H200 from a cold process (docs/gpu.md); tests and pack are estimates until a
 # GPU runs them: tests adds the float32 FlexAttention test's cold compile (~25 s), pack three timed updates and a
 # profiled one per setting, AdamW, and builds from saved weights. The vLLM budgets: their H100 times plus a margin;
-# rollout: an estimate (two engine starts and 2 x 0.5 M tokens). Quick: hang guards.
+# rollout and step: estimates (an engine's start, 2 x 0.5 M tokens; a train.py start and three steps). Quick: hang
+# guards (a 2-core machine under load took up to 260 s for one).
 BUDGETS = {"full": dict(tests=80, pack=200, update=45, band=65, train=80,
-                        rollout=240, sleep=90, vllm=120, train_vllm=150, smollm2=210),
-           "quick": {name: 300 for name in CORE + VLLM}}
+                        rollout=240, step=300, sleep=90, vllm=120, train_vllm=150, smollm2=210),
+           "quick": {name: 600 for name in CORE + VLLM}}
 # pack: (budget, recompute, compiled layers) after the padded token budget; train: (steps of the first run, of the
 # resumed run, --eval-every, more flags); memory: the logits (B, T, V) of the log-prob memory
 SIZES = {

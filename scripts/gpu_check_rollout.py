@@ -1,7 +1,8 @@
-"""GPU check, the `rollout` section: vLLM's generation at a GRPO shape against its roofline.
+"""GPU check, the `rollout` section: vLLM's generation at a GRPO shape against its roofline; and `step`, a whole
+training step (train.py with vLLM) at that shape, the time of each phase.
 
-Qwen2.5-1.5B's config with random weights (gpu_common.random_model; a word-level tokenizer of its 151,936 ids made
-here, since no checkpoint or tokenizer travels), 64 prompts x 8 samples x 1,024 new tokens, bf16, built by
+Qwen2.5-1.5B's config with random weights (gpu_common.random_model; a tokenizer of its 151,936 ids made here,
+char_tokenizer, since no checkpoint or tokenizer travels), 64 prompts x 8 samples x 1,024 new tokens, bf16, built by
 rollout.make_engine with train.py's settings (Config's gpu_memory_utilization, max_model_len = prompt + new tokens)
 and sampled by its `generate` (temperature 1, the project's per-token log-prob extraction where asked). The CPU mode
 runs the same code on vLLM-CPU at a toy shape. Run through scripts/gpu_check.py (`--only rollout`).
@@ -16,7 +17,8 @@ roofline_fraction = floor_s / measured seconds (1 = at the roofline).
 import tempfile
 import time
 
-from gpu_common import QWEN25_1_5B, bf16_peak_tflops, device_name, hbm_tb_s, process_group, progress, random_model
+from gpu_common import (QWEN25_1_5B, bf16_peak_tflops, device_name, hbm_tb_s, log_path, process_group, progress,
+                        random_model, rollout_tokens_per_s, run_metrics, torchrun_train)
 
 # the section's shapes: prompts x samples x new tokens after prompts of P tokens
 FULL = dict(model=QWEN25_1_5B, prompts=64, n=8, new=1024, P=256)
@@ -48,15 +50,21 @@ def decode_roofline(conf, n_params, prompts, n, P, G, peak_tflops, hbm):
             "memory_bound_steps": memory_bound}
 
 
-def word_tokenizer(vocab, folder):
-    """A word-level tokenizer of ids 0..vocab-1 ("t0", "t1", ...) saved in `folder`: what the engine needs to
-    detokenize samples of a model with no tokenizer of its own."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def char_tokenizer(vocab, folder):
+    """A tokenizer for a model without one, saved in `folder`: one id per printable ASCII character (so that prompt
+    text is encoded as text), the remaining ids up to `vocab` as words "<t95>", ..., and a plain chat template
+    (train.py's prompts are chat messages)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(folder)
+    words = [chr(c) for c in range(32, 127)]
+    words += [f"<t{i}>" for i in range(len(words), vocab)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="?"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="?")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    fast.save_pretrained(folder)
 
 
 def section_rollout(args, size, out):
@@ -83,7 +91,7 @@ def section_rollout(args, size, out):
     res = {"vllm": vllm.__version__, "gpu": name, "shape": {k: S[k] for k in ("prompts", "n", "new", "P")}}
     with tempfile.TemporaryDirectory(prefix="gpu-check-rollout-") as folder:  # the weights: not under `out`
         n_params = random_model(Qwen2Config(**S["model"]), folder, device)
-        word_tokenizer(S["model"]["vocab_size"], folder)
+        char_tokenizer(S["model"]["vocab_size"], folder)
         res["roofline"] = decode_roofline(S["model"], n_params, S["prompts"], S["n"], S["P"], S["new"], peak, hbm)
         t0 = time.perf_counter()
         engine = rollout.make_engine("vllm", folder, dtype="bfloat16", max_model_len=S["P"] + S["new"],
@@ -121,3 +129,44 @@ def section_rollout(args, size, out):
     res["tokens_per_s"], res["roofline_fraction"] = res["plain"]["tokens_per_s"], res["plain"]["roofline_fraction"]
     engine.close()
     return res
+
+
+def section_step(args, size, out):
+    """A whole training step at the rollout's shape: train.py under torchrun with --rollout vllm on the random
+    Qwen2.5-1.5B (a toy with --quick), 64 prompts (the arithmetic task's, at most 256 characters: one token
+    each) x 8 samples x up to 1,024 new tokens, two mini-batches (so the
+    old log-probs are a pass of their own), --reward random (coin rewards: a real update without scoring random
+    text), the rest train.py's defaults (packing, compiled layers and recomputation as on any run). The means over
+    the steps after the first: each phase's seconds (rollout, old log-probs, update, sync), the step's, its tokens/s,
+    the rollout's tokens/s, and the phase that bounds the step."""
+    from gpu_check_vllm import vllm_skip
+
+    skip = vllm_skip()
+    if skip:
+        return skip
+    from transformers import Qwen2Config
+
+    S = QUICK if args.quick else FULL
+    steps = 2 if args.quick else 3
+    run = out / "step-run"
+    with tempfile.TemporaryDirectory(prefix="gpu-check-step-") as folder:  # the weights: not under `out`
+        random_model(Qwen2Config(**S["model"]), folder, "cpu")  # no CUDA context here: the trainer needs the GPU
+        char_tokenizer(S["model"]["vocab_size"], folder)
+        rc, log = torchrun_train("--model", folder, "--rollout", "vllm", "--data", "arithmetic-instruct:1,3",
+                                 "--reward", "random", "--prompts-per-step", str(S["prompts"]), "--group-size",
+                                 str(S["n"]), "--mini-batch-prompts", str(S["prompts"] // 2), "--max-new-tokens",
+                                 str(S["new"]), "--max-prompt-len", "256", "--max-steps", str(steps),
+                                 "--eval-every", "0", "--save-every", "0", "--keep-checkpoints", "1", "--no-export-hf",
+                                 "--out-dir", str(run), log=log_path(out, "step-train"))
+    if rc:
+        raise RuntimeError(f"train.py: exit code {rc}: {log[-2000:]}")
+    _, _, later, config = run_metrics(run)
+    mean = lambda key: sum(m[key] for m in later) / len(later)  # noqa: E731
+    split = {k: round(mean(f"time/{k}"), 3) for k in ("rollout", "logprobs", "update", "sync", "step")}
+    return {"steps": steps, "steps_averaged": [m["step"] for m in later], "time_split_s": split,
+            "bound_by": max(("rollout", "logprobs", "update", "sync"), key=split.get),
+            "tokens_per_s": round(mean("tokens_per_s"), 1),
+            "rollout_tokens_per_s": round(sum(rollout_tokens_per_s(later, config)) / len(later), 1),
+            "response_length_mean": round(mean("response_length/mean"), 1),
+            "settings": {k: config.get(k) for k in ("train_dtype", "rollout_dtype", "pack", "recompute",
+                                                    "compile_layers", "micro_batch_tokens", "old_logp")}}

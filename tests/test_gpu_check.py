@@ -26,8 +26,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 U = torch.finfo(torch.float32).eps / 2  # float32 unit roundoff, 2^-24
 HANG = 2900  # a hang guard, not a speed check: --quick's deadline (2700 s) and the start
+# the check runs in the module's fixture, set up within the first test: each test's guard covers the check's
+pytestmark = pytest.mark.timeout(HANG + 100)
 CORE_SECTIONS = ("tests", "pack", "update", "band", "train")
-VLLM_SECTIONS = ("rollout", "sleep", "vllm", "train_vllm", "smollm2")
+VLLM_SECTIONS = ("rollout", "step", "sleep", "vllm", "train_vllm", "smollm2")
 
 # Float32 band vs the same operator in float64 on the same float32 inputs, error |got - ref| / max(ref, 1) (absolute
 # below 1, relative above), in units of u. First-order rounding analysis of band.py's float32 code, with libm's exp,
@@ -55,9 +57,9 @@ def report(tmp_path_factory):
     r = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--quick", "--out", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert (out / "report.md").read_text().count("\n## ") == 2 + 10  # machine, wheels, the ten sections
+    assert (out / "report.md").read_text().count("\n## ") == 2 + 11  # machine, wheels, the eleven sections
     lines = r.stdout.splitlines()  # one line per section: name, status, seconds
-    assert [line.split(":")[1].strip() for line in lines[:10]] == [*CORE_SECTIONS, *VLLM_SECTIONS], lines
+    assert [line.split(":")[1].strip() for line in lines[:11]] == [*CORE_SECTIONS, *VLLM_SECTIONS], lines
     report = json.loads((out / "report.json").read_text())
     for sec in report["sections"].values():  # everything under the output folder
         assert sec["status"] == "skipped" or (out / sec["log"]).is_file(), sec
@@ -66,7 +68,7 @@ def report(tmp_path_factory):
 
 @pytest.mark.slow
 def test_every_section_reports_numbers(report):
-    """All ten sections, in the order of their value, each with numbers; only vLLM's may be skipped, and then they
+    """All eleven sections, in the order of their value, each with numbers; only vLLM's may be skipped, and then they
     say why (not importable, or their budget not left)."""
     sections = report["sections"]
     assert list(sections) == [*CORE_SECTIONS, *VLLM_SECTIONS]
@@ -232,6 +234,19 @@ def test_rollout_at_a_grpo_shape_reports_its_rate(report):
         assert 0 < sec[key]["tokens"] <= shape["prompts"] * shape["n"] * shape["new"], sec
         assert sec[key]["tokens_per_s"] > 0 and sec[key]["roofline_fraction"] is None
     assert sec["tokens_per_s"] == sec["plain"]["tokens_per_s"] and sec["roofline"]["floor_s"] is None
+
+
+@pytest.mark.slow
+def test_a_whole_step_is_split_into_its_phases(report):
+    """The step section: train.py with vLLM on the rollout's random model (toy here) ran its steps; each phase of
+    the steps after the first took time, the phases add up to no more than the step, and the bounding phase is the
+    longest of them."""
+    sec = vllm_section(report, "step")
+    split = sec["time_split_s"]
+    assert sec["steps_averaged"] == list(range(2, sec["steps"] + 1)) and sec["tokens_per_s"] > 0
+    assert all(split[k] > 0 for k in ("rollout", "update", "sync", "step")) and split["logprobs"] >= 0, split
+    assert sum(split[k] for k in ("rollout", "logprobs", "update", "sync")) <= split["step"] * (1 + 1e-3), split
+    assert split[sec["bound_by"]] == max(split[k] for k in ("rollout", "logprobs", "update", "sync"))
 
 
 @pytest.mark.slow
