@@ -7,7 +7,9 @@ mini-batch's ratio is exactly 1, in train.py's run and at the update section's s
 its checkpoint's step; the weight sync puts the trainer's weights into the vLLM engine; beside the FSDP2 trainer
 under torchrun the engine samples the trainer's distribution (within the tolerance gpu_check derives) before and
 after an update, and its own sleep state follows the training step's calls; train.py with --rollout vllm resumes;
-the same job runs with both engines. The vLLM sections cost about two minutes of the check's CPU time here.
+the same job runs with both engines; the pack section's settings carry the timing later checks read (AdamW, three
+timed updates, phases, a profile); the rollout section generates at a measured rate; the step section splits a
+whole train.py step into its phases.
 
 Every claim here repeats one that a faster test makes on the code gpu_check drives (test_band's float32 bounds,
 test_train's resume and first ratio, test_rollout's sync and sleep, test_smollm2's engines); what only this file
