@@ -240,6 +240,8 @@ def random_model(conf, folder, device):
     model.save_pretrained(folder)
     n = sum(p.numel() for p in model.parameters())
     del model
+    if torch.device(device).type == "cuda":  # give the blocks back: an engine sizes its cache from what is free
+        torch.cuda.empty_cache()
     return n
 
 
