@@ -1,23 +1,13 @@
 """The clip's mechanism one update at a time: paired branches of a training trajectory.
 
 The paper (docs/paper.md §3; arXiv 2603.04918 §3) argues causally: the fixed clip caps the rise of rare
-positive-advantage tokens, which drains the entropy; Band's wider bounds for rare tokens keep it. Here
-that is measured per rollout. A base trajectory trains as train.py does (same rollouts, rewards,
-advantages, policy.update_policy). At every k-th rollout (a branch point) the weights, AdamW state and
-RNGs are snapshot, a fresh probe is sampled from the current policy on held-out prompts, and each arm
-is restored and given that one rollout's optimizer steps (same batch, advantages, old log-probs). Per
-arm and branch (one line of pairs.jsonl, keys below): the entropy change on the probe (teacher-forced),
-the same re-weighted by sequence importance weights (what a rollout of the new policy would log), the
-change on the rollout's own tokens, KL(old || new) on the probe, and the token anatomy (old-probability
-bin x advantage sign). Then the base trajectory advances by its own method's arm, exactly as train.py.
-
-Checks built in: every arm's first mini-batch ratio is exactly 1 (the restore worked; the old
-log-probs are one no-grad pass over all rows), and at each seed's first branch point the first arm is
-run twice and must give the same readings bit for bit. Arms: any band.BOUNDS method (its published
-eps, --delta for the bands), `clip-upper` (the clip's upper side alone: lower bound 0, as no-clip),
-`clip-lower` (its lower side alone: upper bound --max-ratio, as no-clip), `noclip-matched` (no clip at
-learning rate x --matched-lr: AdamW's step scales with lr, so it takes a step as large as the clip's,
-in KL, without the clip's per-token shape) and `noclip@F` (no clip at lr x F, the pilot that sets F).
+positive-advantage tokens, which drains the entropy; Band's wider bounds for rare tokens keep it. Here that
+is measured per rollout. A base trajectory trains as train.py does (same rollouts, rewards, advantages,
+policy.update_policy); at every k-th rollout (a branch point) each arm restarts from the same weights, AdamW
+state and RNGs and takes that rollout's optimizer steps, and a fresh probe of held-out prompts reads its
+entropy change (drift_branch.py: the arms, snapshot and restore, the readings; KEYS below lists a line's
+keys). Then the base advances by its own method's arm, exactly as train.py. `--antithetic` also runs each arm
+on the rollout's flipped coins (rewards 1 - r: exactly -Â), the pair averaged per arm by the report.
 Config flags this script cannot honour (--kl-coef > 0, --old-logp engine, ... `REFUSED`) are refused.
 
     python experiments/drift.py --seeds 0,1 --branches 60 --out runs/drift-toy \\
@@ -25,23 +15,16 @@ Config flags this script cannot honour (--kl-coef > 0, --old-logp engine, ... `R
     python experiments/drift.py --resume ...   # continue: the same command (a seed resumes only as it began)
     python experiments/drift.py --minutes 10 --skip-merged PAIRS_GZ ...   # whole seeds in 10 min, new ones only
     python experiments/drift.py --analyse runs/drift-toy   # drift_report.py: drift.md and the figure
-    python experiments/drift.py --out runs/drift-toy --branches 60 \
+    python experiments/drift.py --out runs/drift-toy --branches 60 \\
         --merge-into experiments/results/drift-toy/pairs.jsonl.gz   # finished seeds into the committed file
 
-Departures from train.py: the HF engine by default (its generate is cheap on the tiny model and
-needs no vLLM start), generating with the trainer's own module where the dtypes agree on one rank
-(shares_engine: no second copy of the weights), no evaluation, one checkpoint per branch point (for
---resume). On SmolLM2 (`-- --model models/smollm2-135m-instruct`, a smaller probe) memory is what
-limits a CPU: the probe's logits stay in the model's dtype and are widened to float64 a chunk of
-rows at a time, the new ones computed a micro-batch at a time (probe_readings), and the state the
-arms restore from (weights and AdamW moments, 1.6 GB in float32) is kept in a file, not on the
-heap (snapshot; any snapshot over SNAPSHOT_RAM_BYTES).
+Departures from train.py: the HF engine, generating with the trainer's own module where the dtypes agree on one
+rank (shares_engine), no evaluation, one checkpoint per branch point (for --resume). On SmolLM2 the probe's logits
+are widened to float64 a chunk at a time and a large snapshot is kept in a file, not on the heap.
 """
 
 import argparse
-import contextlib
 import dataclasses
-import functools
 import json
 import os
 import random
@@ -55,25 +38,22 @@ from tqdm import tqdm  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import band  # noqa: E402
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.join(ROOT, "scripts")]
 import data  # noqa: E402
-import grpo  # noqa: E402
 import policy  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
-from config import method_defaults, parse_config, resolve_config  # noqa: E402
+from compress_results import gzip_bytes  # noqa: E402
+from config import parse_config, resolve_config  # noqa: E402
 from logprobs import pack  # noqa: E402
 from machinery.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint  # noqa: E402
-from machinery.jsonl import read_appended  # noqa: E402
+from machinery.jsonl import jsonl_path, read_appended, read_jsonl  # noqa: E402
+# the branching and the arms; every name tests/ and scripts/gpu_drift.py import from drift is re-exported
+from drift_branch import (ARMS, MATCHED_LR, P_EDGES, PROBE_CHUNK_BYTES, SIGNS, SNAPSHOT_RAM_BYTES,  # noqa: E402,F401
+                          anatomy, arm_config, arm_update, base_update, branch, probe_logits, probe_readings,
+                          recording, restore, rollout_batch, snapshot, _local)
 
-ARMS = ("clip", "noclip", "bandkl", "clip-upper", "clip-higher", "clip-lower",
-        "noclip-matched")  # the protocol's arms
-MATCHED_LR = 0.76  # noclip-matched's lr factor f, fixed from a pilot (experiments/results/drift-toy/plan.md)
 PROBE_SEED_OFFSET = 1 << 41  # probe sampling seeds never meet a rollout's or an evaluation's (1 << 40)
-P_EDGES = (0.0, 0.05, 0.2, 0.5, 0.8, 1.0)  # anatomy bins of the old probability; last one closed
-SIGNS = ("+", "-", "0")  # advantage sign of a token's response
-PROBE_CHUNK_BYTES = 1 << 24  # float64 working set per distribution of one chunk of probe rows (16 MiB)
-SNAPSHOT_RAM_BYTES = 1 << 28  # a larger snapshot (weights + AdamW moments) is kept in a file
 TRAIN_DEFAULTS = ["--method", "clip", "--reward", "random", "--rollout", "hf", "--eval-every", "0",
                   "--no-export-hf", "--save-every", "0"]  # before the user's flags, which win
 # Config fields this script does not honour: set to anything but the value it runs with (TRAIN_DEFAULTS
@@ -113,309 +93,6 @@ def refused_flag(rest):
     return None
 
 
-# --- arms ------------------------------------------------------------------------------------------
-def arm_config(cfg, arm, matched_lr=MATCHED_LR):
-    """The Config an arm trains with: a band.BOUNDS method with its published eps (the base's
-    --delta and --max-ratio), one side of the clip alone, or no clip at a smaller learning rate."""
-    if arm in band.BOUNDS:
-        return method_defaults(dataclasses.replace(cfg, method=arm, eps_low=None, eps_high=None))
-    clip = method_defaults(dataclasses.replace(cfg, method="clip", eps_low=None, eps_high=None))
-    if arm == "clip-upper":  # lower bound 1 - 1 = 0: no-clip's
-        return dataclasses.replace(clip, eps_low=1.0)
-    if arm == "clip-lower":  # upper bound 1 + (max_ratio - 1), capped at max_ratio: no-clip's
-        return dataclasses.replace(clip, eps_high=cfg.max_ratio - 1)
-    if arm == "noclip-matched" or arm.startswith("noclip@"):
-        f = matched_lr if arm == "noclip-matched" else float(arm[len("noclip@"):])
-        if not 0 < f <= 1:
-            raise ValueError(f"arm {arm!r}: the lr factor must be in (0, 1], got {f}")
-        return dataclasses.replace(arm_config(cfg, "noclip"), lr=cfg.lr * f)
-    raise ValueError(f"unknown arm {arm!r}; valid: {', '.join(sorted(band.BOUNDS))}, clip-upper, "
-                     f"clip-lower, noclip-matched, noclip@F")
-
-
-def _bounds_key(cfg):
-    return (cfg.method, cfg.eps_low, cfg.eps_high, cfg.delta, cfg.max_ratio, cfg.clip_c, cfg.lr)
-
-
-def _set_lr(optimizer, lr):
-    """AdamW's step is lr x (its moment ratio): the lr of an arm is set on the optimizer it steps
-    (make_optimizer read the base's once); the snapshot does not hold it."""
-    for g in optimizer.param_groups:
-        g["lr"] = lr
-
-
-# --- snapshot and restore ------------------------------------------------------------------------
-def _local(t):
-    """The tensor a rank holds: a DTensor's local shard, else the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def snapshot(model, optimizer, path=None):
-    """Copies of the weights, the AdamW state and the RNGs (the optimizer's own parameter objects:
-    the sharded ones it steps). One rank keeps the weights it gathered for the last forward
-    (policy.build_model); resharded, the parameters are the shards again, and weights written into
-    them (restore) are what the next forward gathers. With `path` the tensors' bytes go to that
-    file, one after another, and stay off the heap (SmolLM2's weights and moments are 1.6 GB in
-    float32); restore reads them back a tensor at a time, bit for bit."""
-    policy.reshard(model)
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    state = {i: dict(optimizer.state[p]) for i, p in enumerate(params) if p in optimizer.state}
-    rng = (torch.get_rng_state(), random.getstate())
-    if path is None:
-        return ([p.detach().clone() for p in params],
-                {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
-                 for i, st in state.items()}, *rng)
-    tensors = [p.detach() for p in params] + [v for st in state.values() for v in st.values()
-                                              if torch.is_tensor(v)]
-    with open(path + ".tmp", "wb") as f:
-        for t in tensors:
-            f.write(memoryview(_local(t).detach().cpu().contiguous().view(-1).view(torch.uint8)
-                               .numpy()))
-    os.replace(path + ".tmp", path)
-    layout = [(tuple(_local(t).shape), _local(t).dtype, hasattr(t, "device_mesh")) for t in tensors]
-    state = {i: {k: v if not torch.is_tensor(v) else None for k, v in st.items()}
-             for i, st in state.items()}  # None: the tensor's bytes are in the file
-    return (path, layout), state, *rng
-
-
-def _read(f, layout):
-    """The next tensor of a snapshot file, as its layout entry (shape, dtype, is a DTensor) says."""
-    out = torch.empty(layout[0], dtype=layout[1])
-    size = out.numel() * out.element_size()
-    if f.readinto(memoryview(out.view(-1).view(torch.uint8).numpy())) != size:
-        raise RuntimeError(f"{f.name}: the snapshot file ends early")
-    return out
-
-
-def _like(layout, f, param):
-    """A state tensor read back as its parameter holds it: AdamW's moments of an FSDP2 parameter are
-    DTensors sharded as the parameter (its step count is a plain scalar)."""
-    local = _read(f, layout).to(_local(param).device)
-    if layout[2]:
-        from torch.distributed.tensor import DTensor
-        return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
-                                  shape=param.shape, stride=param.stride())
-    return local
-
-
-@torch.no_grad()
-def restore(model, optimizer, snap):
-    weights, state, torch_rng, py_rng = snap
-    policy.reshard(model)
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    optimizer.state.clear()
-    if isinstance(weights, tuple):  # a file: the parameters' bytes, then each state tensor's
-        path, layout = weights
-        shapes = iter(layout)
-        with open(path, "rb") as f:
-            for p in params:
-                _local(p).copy_(_read(f, next(shapes)))
-            for i, st in state.items():
-                optimizer.state[params[i]] = {
-                    k: v if v is not None else _like(next(shapes), f, params[i])
-                    for k, v in st.items()}
-    else:
-        for p, w in zip(params, weights):
-            p.copy_(w)
-        for i, st in state.items():
-            optimizer.state[params[i]] = {k: v.clone() if torch.is_tensor(v) else v
-                                          for k, v in st.items()}
-    torch.set_rng_state(torch_rng)
-    random.setstate(py_rng)
-    policy.reshard(model)
-
-
-@contextlib.contextmanager
-def recording():
-    """update_policy looks policy.micro_batch_loss up at each call: wrapped, it hands back every
-    micro-batch's log π at the moment of its forward (before that mini-batch's optimizer step), in
-    the order of policy.plan_micro_batches."""
-    seen, inner = [], policy.micro_batch_loss
-
-    def wrapped(*args, **kwargs):
-        out = inner(*args, **kwargs)
-        seen.append(out[2].detach())
-        return out
-    policy.micro_batch_loss = wrapped
-    try:
-        yield seen
-    finally:
-        policy.micro_batch_loss = inner
-
-
-# --- readings ------------------------------------------------------------------------------------
-@torch.no_grad()
-def probe_logits(model, probe, cfg, rows=None):
-    """Teacher-forced logits at every probe response position: (B, T, V) in the model's compute
-    dtype (float32, or bf16 where the CPU has it natively), as logprobs.sequence_logprobs builds
-    its positions, micro-batch by micro-batch; the whole vocabulary is kept for KL. `rows`: a slice
-    of the probe (a whole number of micro-batches from a multiple of them). Never widened to
-    float64 here: at SmolLM2's 49k vocabulary that copy would be gigabytes (probe_readings widens
-    chunks)."""
-    T, out = probe.mask.shape[1], []
-    pos = (probe.attn.cumsum(-1) - 1).clamp(min=0)
-    rows = rows or slice(0, len(probe))
-    for i in range(rows.start, min(rows.stop, len(probe)), cfg.micro_batch_size):
-        mb = slice(i, i + cfg.micro_batch_size)
-        out.append(model(input_ids=probe.input_ids[mb], attention_mask=probe.attn[mb],
-                         position_ids=pos[mb], logits_to_keep=T + 1).logits[:, :-1])  # (b, T, V)
-    return torch.cat(out)
-
-
-def _probe_positions(old, new, ids, temperature, chunk_bytes):
-    """Per probe position of the rows of `old` and `new` ((b, T, V) logits): H_old, H_new,
-    KL(old || new) and Δ log p of the sampled token `ids` (b, T, 1), log-softmax(logits / T) in
-    float64 a chunk of rows at a time (at most `chunk_bytes` of float64 per distribution)."""
-    step = max(1, chunk_bytes // (8 * old.shape[1] * old.shape[2]))
-    parts = []
-    for i in range(0, len(old), step):
-        o = torch.log_softmax(old[i:i + step].double() / temperature, -1)   # (b, T, V) float64
-        n = torch.log_softmax(new[i:i + step].double() / temperature, -1)
-        po = o.exp()
-        parts.append((-(po * o).sum(-1), -(n.exp() * n).sum(-1),            # (b, T) each
-                      (po * (o - n)).sum(-1),
-                      (n.gather(-1, ids[i:i + step]) - o.gather(-1, ids[i:i + step]))[..., 0]))
-        del o, n, po
-    return [torch.cat(x) for x in zip(*parts)]
-
-
-def probe_readings(old, new, probe, temperature=1.0, chunk_bytes=PROBE_CHUNK_BYTES):
-    """Entropy change per probe token, its importance-weighted version and KL(old || new), from the
-    (B, T, V) logits before and after an arm's updates (`new`: the logits, or a function of a slice
-    of probe rows that computes theirs, so that only one micro-batch of them exists at a time):
-    log-softmax(logits / T) in float64, a chunk of rows at a time (at most `chunk_bytes` of float64
-    per distribution), reduced per position before the next chunk. The weighted version is what a
-    rollout of the new policy would log as its token-mean entropy: Σ_i w_i Σ_t H_new / Σ_i w_i n_i
-    with w_i ∝ π_new(y_i) / π_old(y_i) (self-normalised), minus the old mean."""
-    m = probe.mask.double()                                                  # (B, T)
-    ids = probe.input_ids[:, probe.n_prompt:].unsqueeze(-1)                  # (B, T, 1)
-    if callable(new):
-        parts, per = [], getattr(new, "rows", len(old))
-        for i in range(0, len(old), per):
-            rows = slice(i, i + per)
-            parts.append(_probe_positions(old[rows], new(rows), ids[rows], temperature, chunk_bytes))
-        H_old, H_new, kl, dlogp = (torch.cat(x) for x in zip(*parts))       # (B, T)
-    else:
-        H_old, H_new, kl, dlogp = _probe_positions(old, new, ids, temperature, chunk_bytes)
-    dlogp = dlogp * m
-    w = torch.softmax(dlogp.sum(-1), 0)                                      # (B,) sequence weights
-    n, h_old = m.sum(), (H_old * m).sum() / m.sum()
-    return {"dH_probe": ((H_new - H_old) * m).sum().item() / n.item(),
-            "dH_probe_is": ((w * (H_new * m).sum(-1)).sum() / (w * m.sum(-1)).sum() - h_old).item(),
-            "kl": (kl * m).sum().item() / n.item(), "H_probe": h_old.item(),
-            "ess": (1 / (w ** 2).sum()).item() / len(w), "probe_tokens": int(n.item())}
-
-
-def anatomy(old_logp, new_logp, old_ent, new_ent, upd_logp, advantages, mask, cfg):
-    """The cells of old-probability bin x advantage sign on the rollout's tokens: tokens, Σ Δlog p,
-    Σ entropy change at those positions, and the tokens the arm's band clipped during its optimizer
-    step, upward (Â > 0, r > upper) and downward (Â < 0, r < lower), as grpo._clip_metrics counts
-    them, r taken from the forward of the token's own mini-batch (`upd_logp`)."""
-    m = mask.bool()                                                          # (B, T)
-    p = old_logp.exp()
-    adv = advantages.unsqueeze(-1).expand_as(old_logp)                       # (B, T)
-    lower, upper = band.ratio_bounds(old_logp, cfg.method, delta=cfg.delta, eps_low=cfg.eps_low,
-                                     eps_high=cfg.eps_high, max_ratio=cfg.max_ratio)
-    r = (upd_logp - old_logp).clamp(-20.0, 20.0).exp()
-    up, down = (adv > 0) & (r > upper), (adv < 0) & (r < lower)              # (B, T)
-    dlogp, dH = (new_logp - old_logp).double(), (new_ent - old_ent).double()
-    cells, last = [], len(P_EDGES) - 2
-    for k, (lo, hi) in enumerate(zip(P_EDGES[:-1], P_EDGES[1:])):
-        in_bin = (p >= lo) & ((p < hi) if k < last else (p <= hi))
-        for sign, s in zip(SIGNS, (adv > 0, adv < 0, adv == 0)):
-            c = in_bin & s & m
-            cells.append({"p": [lo, hi], "adv": sign, "tokens": int(c.sum()),
-                          "dlogp_sum": dlogp[c].sum().item(), "dH_sum": dH[c].sum().item(),
-                          "up": int((c & up).sum()), "down": int((c & down).sum())})
-    return cells
-
-
-# --- one rollout, as train.py ----------------------------------------------------------------------
-def rollout_batch(engine, records, cfg, step, device):
-    """train.py's rollout of `step`: prompts, completions, coins or scores, group advantages."""
-    prompts = train.prompt_batch(records, step, cfg)
-    ids = [r["prompt_ids"] for r in prompts]
-    sampling = rollout.Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
-                                max_new_tokens=cfg.max_new_tokens,
-                                seed=cfg.seed * 1_000_003 + step * train.WORLD + train.RANK,
-                                logprobs=True)
-    completions = engine.generate(ids, cfg.group_size, sampling)
-    rewards = train.train_rewards(completions, prompts, cfg, step)
-    advantages = grpo.group_advantages(rewards, cfg.group_size, norm_by_std=cfg.norm_by_std)
-    return pack(ids, completions, device), advantages.to(device)
-
-
-def base_update(model, optimizer, cfg, batch, advantages):
-    """A rollout's updates exactly as train.py makes them (π_old's first mini-batch from the update)."""
-    old_logp, old_entropy = None, None
-    if not policy.on_policy(cfg):
-        old_logp, old_entropy = policy.batch_logprobs(model, cfg, batch, with_entropy=True,
-                                                      skip_first=True)
-    policy.update_policy(model, optimizer, cfg, batch, advantages, old_logp, None, old_entropy)
-
-
-def arm_update(model, optimizer, cfg, batch, advantages, old_logp, old_ent, probe, probe_old):
-    """One arm's optimizer steps on the rollout from the restored state, and its readings."""
-    with recording() as seen:
-        sums, _, _ = policy.update_policy(model, optimizer, cfg, batch, advantages, old_logp.clone())
-    if sums["sum_first_abs_dev"].item() != 0:
-        raise RuntimeError(f"arm {cfg.method}: first mini-batch ratio is not exactly 1 "
-                           f"(Σ|r - 1| = {sums['sum_first_abs_dev'].item():.3g}): restore failed")
-    plan = policy.plan_micro_batches(len(batch), cfg, batch.spans, batch.input_ids.device)
-    upd_logp = torch.zeros_like(old_logp)                                    # (B, T)
-    for rows, lp in zip([mb for _, mbs in plan for mb in mbs], seen):
-        upd_logp[rows] = lp
-    new_logp, new_ent = policy.batch_logprobs(model, cfg, batch, with_entropy=True)
-    m = batch.mask.double()
-    new = functools.partial(probe_logits, model, probe, cfg)
-    new.rows = cfg.micro_batch_size  # one micro-batch of the probe's new logits at a time
-    out = probe_readings(probe_old, new, probe, cfg.temperature)
-    out.update(dH_train=((new_ent - old_ent) * m).sum().item() / m.sum().item(),
-               dlogp_train=((new_logp - old_logp) * m).sum().item() / m.sum().item(),
-               H_train=(old_ent * m).sum().item() / m.sum().item(), tokens=int(m.sum().item()),
-               n_upper=int(sums["n_upper"].item()), n_lower=int(sums["n_lower"].item()),
-               first_abs_dev=sums["sum_first_abs_dev"].item(),
-               cells=anatomy(old_logp, new_logp, old_ent, new_ent, upd_logp, advantages,
-                             batch.mask, cfg))
-    return out
-
-
-def branch(model, optimizer, cfg, arms, batch, advantages, probe, repeat_first=False,
-           matched_lr=MATCHED_LR, snapshot_path=None):
-    """Every arm from the same state on the same rollout; the model ends on the base's update (its
-    own arm, run last, or a separate one). snapshot_path: where the state the arms restore from is
-    kept (None: in memory). -> [readings per arm]."""
-    old_logp, old_ent = policy.batch_logprobs(model, cfg, batch, with_entropy=True)  # (B, T) all rows
-    probe_old = probe_logits(model, probe, cfg)
-    snap = snapshot(model, optimizer, snapshot_path)
-    base = _bounds_key(cfg)
-    configs = [arm_config(cfg, a, matched_lr) for a in arms]
-    order = sorted(range(len(arms)), key=lambda i: _bounds_key(configs[i]) == base)
-    runs = ([0] if repeat_first else []) + order
-    out = [None] * len(arms)
-    for j, i in enumerate(runs):
-        restore(model, optimizer, snap)
-        acfg = configs[i]
-        _set_lr(optimizer, acfg.lr)
-        r = arm_update(model, optimizer, acfg, batch, advantages, old_logp, old_ent, probe,
-                       probe_old)
-        r.update(arm=arms[i], method=acfg.method, eps_low=acfg.eps_low, eps_high=acfg.eps_high,
-                 delta=acfg.delta, lr=acfg.lr)
-        if repeat_first and j == 0:
-            first = r
-        elif out[i] is None:
-            out[i] = r
-        if repeat_first and j > 0 and i == 0 and r != first:
-            raise RuntimeError(f"arm {arms[0]} run twice from the same state gave different readings")
-    _set_lr(optimizer, cfg.lr)
-    if _bounds_key(configs[order[-1]]) != base:
-        restore(model, optimizer, snap)
-        base_update(model, optimizer, cfg, batch, advantages)
-    if snapshot_path:
-        os.remove(snapshot_path)
-    return out
-
-
 # --- a seed's trajectory ---------------------------------------------------------------------------
 def load_prompts(cfg, tokenizer, n_probe):
     """train.py's training prompts, and `n_probe` held-out probe prompts (the eval split)."""
@@ -440,7 +117,7 @@ def shares_engine(cfg):
 
 
 RESUME_FREE = ("out_dir", "resume", "keep_checkpoints", "wandb")  # Config fields a trajectory's maths ignores
-SHAPING = ("arms", "every", "probe_prompts", "probe_samples", "matched_lr", "check_all")  # drift.py's own
+SHAPING = ("arms", "every", "probe_prompts", "probe_samples", "matched_lr", "check_all", "antithetic")  # its own
 
 
 def check_resume(run_dir, ckpt, cfg, args, device):
@@ -519,7 +196,11 @@ def run_seed(args, cfg, engine, tokenizer, device, bar):
     rollout.sync_weights(engine, model)
     for step in range(start, total):
         t0, c0 = time.time(), time.process_time()
-        batch, advantages = rollout_batch(engine, records, cfg, step, device)
+        flipped = None   # antithetic coins at a branch point: the same rollout rewarded 1 - r
+        if args.antithetic and not step % args.every:
+            batch, advantages, flipped = rollout_batch(engine, records, cfg, step, device, flip=True)
+        else:
+            batch, advantages = rollout_batch(engine, records, cfg, step, device)
         if step % args.every:
             base_update(model, optimizer, cfg, batch, advantages)
         else:
@@ -531,7 +212,7 @@ def run_seed(args, cfg, engine, tokenizer, device, bar):
             probe = pack(ids, engine.generate(ids, args.probe_samples, sampling), device)
             rows = branch(model, optimizer, cfg, args.arms, batch, advantages, probe,
                           repeat_first=step == 0 or args.check_all, matched_lr=args.matched_lr,
-                          snapshot_path=snap_file)
+                          snapshot_path=snap_file, flipped=flipped)
             with open(pairs_file, "a") as f:
                 for r in rows:
                     f.write(json.dumps({"seed": cfg.seed, "step": step, **r, "machine": machine(device),
@@ -567,41 +248,35 @@ def _same_reading(kept, new):
 def merge_into(out, target, branches, every):
     """Add <out>'s whole seeds (every branch point 0, every, ..., of `branches`, each with the arms of
     its first) to `target` (pairs.jsonl.gz, written gzip -n, byte-stable), atomically. A line
-    already there for the same (seed, step, arm) must hold the same readings (a re-run base
+    already there for the same (seed, step, arm, flip) must hold the same readings (a re-run base
     trajectory reproduces the committed one); where one differs the seed is not merged.
     -> (seeds merged, lines added, [(seed, why) not merged])."""
-    import gzip
-    import io
-    from machinery.jsonl import jsonl_path, read_jsonl
     have = read_jsonl(target) if jsonl_path(target) else []
-    index = {(r["seed"], r["step"], r["arm"]): r for r in have}
+    key = lambda r: (r["seed"], r["step"], r["arm"], r.get("flip"))  # noqa: E731  flip: antithetic halves
+    index = {key(r): r for r in have}
     want = set(range(0, branches * every, every))
     merged, added, skipped = [], [], []
     for name in sorted(os.listdir(os.path.join(out, "seeds"))):
         rows = read_appended(os.path.join(out, "seeds", name)) if name.endswith(".jsonl") else []
         if not rows:
             continue
-        seed, arms = rows[0]["seed"], [r["arm"] for r in rows if r["step"] == rows[0]["step"]]
-        got = {(r["step"], r["arm"]) for r in rows}
-        if {t for t, _ in got} != want or len(got) != len(want) * len(arms):
+        seed, arms = rows[0]["seed"], [key(r)[2:] for r in rows if r["step"] == rows[0]["step"]]
+        got = {key(r)[1:] for r in rows}
+        if {k[0] for k in got} != want or len(got) != len(want) * len(arms):
             skipped.append((seed, f"{len(got)} of {len(want) * len(arms)} lines: not finished"))
             continue
-        clash = [k for r in rows if (k := (seed, r["step"], r["arm"])) in index
-                 and not _same_reading(index[k], r)]
+        clash = [k for r in rows if (k := key(r)) in index and not _same_reading(index[k], r)]
         if clash:
             skipped.append((seed, f"{len(clash)} lines differ from the committed ones, first {clash[0]}"))
             continue
-        new = [r for r in rows if (seed, r["step"], r["arm"]) not in index]
+        new = [r for r in rows if key(r) not in index]
         merged.append(seed)
         added += new
     rows = sorted(have + added, key=lambda r: (r["seed"], r["step"]))  # stable: arms keep their order
-    buf = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=buf, mtime=0) as f:
-        f.write("".join(json.dumps(r) + "\n" for r in rows).encode())
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
     tmp = target + f".{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(buf.getvalue())
+    with open(tmp, "wb") as f:   # the project's gzip writer: mtime 0, no file name
+        f.write(gzip_bytes("".join(json.dumps(r) + "\n" for r in rows).encode()))
     os.replace(tmp, target)
     return sorted(merged), len(added), skipped
 
@@ -610,7 +285,8 @@ KEYS = """pairs.jsonl, one line per (seed, branch point, arm): seed; step (train
 arm, method, eps_low, eps_high, delta, lr; dH_probe, dH_probe_is (entropy change per probe token, plain and
 importance-weighted), kl (KL(old || new) per probe token), H_probe, ess (the weights' effective sample share);
 dH_train, dlogp_train, H_train (on the rollout's tokens); tokens, n_upper, n_lower (the update's clips),
-first_abs_dev (0: the restore check); cells (per old-probability bin x advantage sign: p, adv, tokens,
+first_abs_dev (0: the restore check); flip (--antithetic only: 0 the drawn coins, 1 the same rollout's
+flipped coins); cells (per old-probability bin x advantage sign: p, adv, tokens,
 dlogp_sum, dH_sum, up, down); machine (the CUDA device or CPU that ran it); time_s, cpu_s. A seed resumes only
 with the settings it began with.
 
@@ -635,6 +311,8 @@ def parse_args(argv=None):
                     help="noclip-matched's learning-rate factor f (the plan's)")
     ap.add_argument("--probe-prompts", type=int, default=64, help="held-out prompts per probe")
     ap.add_argument("--probe-samples", type=int, default=4, help="samples per probe prompt")
+    ap.add_argument("--antithetic", action="store_true", help="also run every arm on the branch point's "
+                    "flipped coins (rewards 1 - r, exactly -Â; --reward random only); the report averages each pair")
     ap.add_argument("--check-all", action="store_true",
                     help="run the first arm twice at every branch point, not only the first")
     ap.add_argument("--out", default="runs/drift", help="run directory: pairs.jsonl, seeds/, s<seed>/")
@@ -655,6 +333,12 @@ def parse_args(argv=None):
     return args, rest
 
 
+def fair_coins(reward):
+    """Whether `reward` is coins of probability 1/2 (random, random:0.5): there 1 - r is distributed as r."""
+    import reward as scorers
+    return scorers.random_probability(reward) == 0.5
+
+
 def main(argv=None):
     args, rest = parse_args(argv)
     if args.analyse:
@@ -666,7 +350,6 @@ def main(argv=None):
               f"{seeds}; not merged: {skipped or 'none'}")
         return
     if args.skip_merged:
-        from machinery.jsonl import jsonl_path, read_jsonl
         found = jsonl_path(args.skip_merged)
         have = {r["seed"] for r in read_jsonl(found)} if found else set()
         done = [s for s in args.seeds if s in have]
@@ -681,6 +364,10 @@ def main(argv=None):
         print(f"drift.py: {refused} is not honoured here ({REFUSED[name]}); drop it", file=sys.stderr)
         sys.exit(2)
     cfg = resolve_config(parse_config(TRAIN_DEFAULTS + rest))
+    if args.antithetic and not fair_coins(cfg.reward):
+        print(f"drift.py: --antithetic needs fair coins (--reward random), not --reward {cfg.reward}: only there is "
+              f"a rollout rewarded 1 - r as likely as one rewarded r", file=sys.stderr)
+        sys.exit(2)
     for arm in args.arms:
         arm_config(cfg, arm, args.matched_lr)  # unknown arms fail before anything starts
     policy.check_batch_shape(cfg, 1)

@@ -1,23 +1,21 @@
 """The report of experiments/drift.py: per-arm readings, arm differences paired by seed, the token anatomy.
 
-Reads pairs.jsonl or pairs.jsonl.gz (one line per seed, branch point and arm) and writes drift.md and the anatomy
-figure with the rules of experiments/results/drift-toy/plan.md, fixed before the replication's data: the seeds are
-the units (a seed's reading is the mean over its branch points of a contrast paired within each branch point, so
-the interval carries the clustering of branch points by seed), a family of FAMILY contrasts on dH_probe read
-through Bonferroni t intervals at LEVEL (1 - 0.05 / 8) on K - 1 df, each against 0 and its equivalence margin
-(SESOI, the interaction's INTERACTION_MARGIN), the collapse yardstick c fixed (COLLAPSE). `--rules smollm2`
-reads by experiments/results/drift-smollm2/plan.md instead: the same family and rules, its own margins, c and K
-(Rules), and "cannot test" where the clip bounded under 1% of an update's tokens. Everything else
-(dH_probe_is with its effective sample size and a sign interval for the median, dH_train, the other differences,
-the anatomy) is labelled exploratory, at 95%.
+Reads pairs.jsonl or pairs.jsonl.gz (one line per seed, branch point and arm; an antithetic run's two halves
+averaged per arm first, drift_antithetic.py) and writes drift.md and the anatomy figure under the rules of
+experiments/results/drift-toy/plan.md, fixed before the replication's data (drift_rules.py holds them): the seeds
+are the units (a seed's reading is the mean over its branch points of a contrast paired within each branch point,
+so the interval carries the clustering of branch points by seed), a family of contrasts on dH_probe read through
+Bonferroni t intervals (paired_stats.t_of) on K - 1 df, each against 0 and its equivalence margin, the collapse
+yardstick c fixed. `--rules smollm2` reads by experiments/results/drift-smollm2/plan.md instead: the same family
+and rules, its own margins, c and K, and "cannot test" where the clip bounded under 1% of an update's tokens.
+Everything else (dH_probe_is with its effective sample size and a sign interval for the median, dH_train, the
+other differences, the anatomy) is labelled exploratory, at 95%.
 
     python experiments/drift.py --analyse experiments/results/drift-toy/pairs.jsonl.gz   # or drift_report.py PAIRS
 """
 
 import argparse
-import dataclasses
 import glob
-import json
 import math
 import os
 import sys
@@ -25,149 +23,24 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from machinery.jsonl import jsonl_path, open_jsonl, read_jsonl  # noqa: E402
-from verdicts import mean_std  # noqa: E402
+from machinery.jsonl import jsonl_path, read_jsonl  # noqa: E402
+from paired_stats import equivalence_power, mean_std, median_interval, power, t_of, t_quantile  # noqa: E402,F401
+from drift_antithetic import pair_means  # noqa: E402
+from drift_rules import (LEVEL, RULES, SMOLLM2, TOY, collapse_drift, fmt, label,  # noqa: E402,F401
+                         verdict_lines)
 
-SESOI = 2.5e-4               # the smallest effect of interest, nats per token per rollout
-INTERACTION_MARGIN = 1.25e-4  # "the two sides add": non-additivity under half the SESOI
-# the collapse-sized drift c = 0.9 H1 / 300, fixed: H1 = GRPO's mean step-1 entropy over its coin seeds 0-9, the
-# runs committed when the rule was written (collapse_drift computes it; later seeds do not move the yardstick)
-COLLAPSE_H1, COLLAPSE_RUNS = 0.157, 10
-COLLAPSE = 0.9 * COLLAPSE_H1 / 300
-CONFIRM_K = 32               # the plan's seeds: below it every reading is interim
-KL_MATCH = (0.8, 1.25)       # noclip-matched's KL / clip's (ratio of seed means): outside, brake and step not read
-
-
-def family(sesoi, interaction):
-    """The confirmatory family on dH_probe: (name, weights per arm, equivalence margin)."""
-    return (("clip − noclip", {"clip": 1, "noclip": -1}, sesoi),
-            ("upper side: clip-upper − noclip", {"clip-upper": 1, "noclip": -1}, sesoi),
-            ("lower side: clip-lower − noclip", {"clip-lower": 1, "noclip": -1}, sesoi),
-            ("interaction: clip − clip-upper − clip-lower + noclip",
-             {"clip": 1, "clip-upper": -1, "clip-lower": -1, "noclip": 1}, interaction),
-            ("brake: clip − noclip-matched", {"clip": 1, "noclip-matched": -1}, sesoi),
-            ("step: noclip-matched − noclip", {"noclip-matched": 1, "noclip": -1}, sesoi),
-            ("bandkl − clip-upper", {"bandkl": 1, "clip-upper": -1}, sesoi),
-            ("bandkl − noclip", {"bandkl": 1, "noclip": -1}, sesoi))
-
-
-FAMILY = family(SESOI, INTERACTION_MARGIN)
-LEVEL = 1 - 0.05 / len(FAMILY)  # Bonferroni over the family: 99.375%, two-sided
-EXPLORATORY = (("clip-higher − noclip", {"clip-higher": 1, "noclip": -1}, SESOI),
-               ("clip-higher − clip", {"clip-higher": 1, "clip": -1}, SESOI),
-               ("bandkl − clip", {"bandkl": 1, "clip": -1}, SESOI))
-
-
-@dataclasses.dataclass(frozen=True)
-class Rules:
-    """What a plan fixes before its data: the smallest effect of interest (the interaction's margin is half of
-    it), the collapse yardstick c, the number of seeds K, and the least share of an update's tokens the clip must
-    bound for its readings to test anything (None: no such check). The family and LEVEL are the same for all."""
-    plan: str
-    sesoi: float
-    collapse: float
-    collapse_note: tuple  # (its formula, where its entropy comes from)
-    k: int
-    acted: float | None = None
-
-    @property
-    def interaction(self):
-        return self.sesoi / 2
-
-    @property
-    def family(self):
-        return family(self.sesoi, self.interaction)
-
-    @property
-    def exploratory(self):
-        return tuple((n, w, self.sesoi) for n, w, _ in EXPLORATORY)
-
-
-# experiments/results/drift-toy/plan.md (the replication; the later-states plan reads by the same rules)
-TOY = Rules("experiments/results/drift-toy/plan.md", SESOI, COLLAPSE,
-            (f"0.9 x {COLLAPSE_H1:.3f} / 300", f"GRPO's step-1 entropy over {COLLAPSE_RUNS} committed coin runs"),
-            CONFIRM_K)
-# experiments/results/drift-smollm2/plan.md: the toy's definitions on SmolLM2's probe entropy, H = 2.628 nats per
-# token (the pilot's mean at its branch points): SESOI = H / 2 / 300, c = 0.9 H / 300; 48 seeds; the clip must
-# bound at least 1% of an update's tokens (the pilot: 2.9-4.5%)
-SMOLLM2_H = 2.628
-SMOLLM2 = Rules("experiments/results/drift-smollm2/plan.md", round(SMOLLM2_H / 2 / 300, 6), 0.9 * SMOLLM2_H / 300,
-                (f"0.9 x {SMOLLM2_H} / 300", "the SmolLM2 pilot's mean probe entropy"), 48, acted=0.01)
-RULES = {"toy": TOY, "smollm2": SMOLLM2}
 READINGS = (("dH_probe", "entropy change on the probe"), ("dH_probe_is", "the same, importance-weighted"),
             ("dH_train", "entropy change on the rollout's tokens"), ("kl", "KL(old || new) on the probe"))
 
 
-# --- statistics: t quantiles at any level, the sign interval of a median, power ------------------------------------
-def t_cdf(x, df):
-    """Student's t CDF by Simpson's rule on the density over [0, |x|] (2,000 panels: the integrand is smooth and
-    its fourth derivative bounded, error well under 1e-9 for the quantiles used here)."""
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-    f = lambda t: c * (1 + t * t / df) ** (-(df + 1) / 2)  # noqa: E731
-    n, a = 2000, abs(x)
-    h = a / n
-    area = h / 3 * (f(0) + f(a) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, n)))
-    return 0.5 + math.copysign(area, x)
-
-
-def t_quantile(p, df):
-    """The p quantile of Student's t on df degrees of freedom (bisection on t_cdf, to 1e-9)."""
-    lo, hi = -1e3, 1e3
-    while hi - lo > 1e-9:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
-def t_of(xs, level=0.95):
-    """(mean, half-width of the two-sided t interval at `level`, n, sd) of numbers."""
-    m, sd = mean_std(xs)
-    n = len(xs)
-    return m, (t_quantile(1 - (1 - level) / 2, n - 1) * sd / math.sqrt(n) if n > 1 else math.nan), n, sd
-
-
-def median_interval(xs, level=0.95):
-    """The median of xs and its distribution-free interval [x_(k), x_(n+1-k)] (the sign test's: it covers the true
-    median with probability 1 - 2 P(Bin(n, 1/2) < k)), the largest k whose coverage is >= level.
-    -> (median, lo, hi, coverage); lo = hi = nan where no k reaches the level."""
-    xs = sorted(xs)
-    n = len(xs)
-    med = (xs[(n - 1) // 2] + xs[n // 2]) / 2
-    tail, k = 0.0, 0  # tail = P(Bin(n, 1/2) <= k - 1)
-    while 1 - 2 * (tail + math.comb(n, k) / 2 ** n) >= level:
-        tail += math.comb(n, k) / 2 ** n
-        k += 1
-    if k == 0:
-        return med, math.nan, math.nan, math.nan
-    return med, xs[k - 1], xs[n - k], 1 - 2 * tail
-
-
-def power(sd, K, effect, level=LEVEL):
-    """Approximate power of the two-sided t interval at `level` over K seeds to exclude 0 when the true mean is
-    `effect` (sd taken as known: P(|x̄ / se| > t) with x̄ normal)."""
-    z, t = effect * math.sqrt(K) / sd, t_quantile(1 - (1 - level) / 2, K - 1)
-    return _phi(z - t) + _phi(-z - t)
-
-
-def equivalence_power(sd, K, margin, true=0.0, level=LEVEL):
-    """Approximate probability that the interval at `level` lies within ±margin when the true mean is `true`:
-    P(-margin + h < x̄ < margin - h), h the half-width with sd taken as known."""
-    se = sd / math.sqrt(K)
-    h = t_quantile(1 - (1 - level) / 2, K - 1) * se
-    return max(0.0, _phi((margin - h - true) / se) - _phi((-margin + h - true) / se))
-
-
-def _phi(x):
-    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
-
-
-def load(path, below=None):
+def load(path, below=None, pair=True):
     """The lines of pairs.jsonl (or pairs.jsonl.gz), or of a run directory (its seeds/*.jsonl, written as the run
-    goes, else its pairs.jsonl or .gz), with step < `below` when given (a common prefix of branch points)."""
+    goes, else its pairs.jsonl or .gz), with step < `below` when given (a common prefix of branch points); an
+    antithetic run's halves averaged per arm (drift_antithetic.pair_means) unless `pair` is False."""
     files = ([path] if jsonl_path(path) else sorted(glob.glob(os.path.join(path, "seeds", "*.jsonl")))
              or [os.path.join(path, "pairs.jsonl")])
-    rows = [r for f in files for r in read_jsonl(f)]
-    return [r for r in rows if below is None or r["step"] < below]
+    rows = [r for f in files for r in read_jsonl(f) if below is None or r["step"] < below]
+    return pair_means(rows) if pair else rows
 
 
 def branches(rows):
@@ -197,46 +70,11 @@ def contrast(data, weights, key):
     return per_seed(sub, f), [f(b) for steps in sub.values() for b in steps.values()]
 
 
-def label(m, half, margin=SESOI):
-    """The reading of a difference's interval: below or above 0 where it excludes 0, within ±margin where it lies
-    inside (an equivalence bound, not a failure to reject: with the sign where it also excludes 0), else
-    unresolved."""
-    if math.isnan(half):
-        return "no interval (one seed)"
-    lo, hi = m - half, m + half
-    if -margin <= lo and hi <= margin:
-        side = " (below 0, but smaller)" if hi < 0 else " (above 0, but smaller)" if lo > 0 else ""
-        return f"no effect of interest (within ±{margin * 1e4:.3g}e-4){side}"
-    return "below 0" if hi < 0 else "above 0" if lo > 0 else "unresolved"
-
-
 def design_effect(seed_means, branch_values):
     """Variance inflation from clustering by seed: var(seed means) / (var(branch values) / m), m the branch points
     per seed; 1 where a seed's branch points were independent. The seed-mean interval carries it already."""
     m, between = len(branch_values) / len(seed_means), mean_std(branch_values)[1] ** 2
     return mean_std(seed_means)[1] ** 2 / (between / m) if between else math.nan
-
-
-def collapse_drift(coin_runs, horizon=300):
-    """c = 0.9 H1 / horizon: the per-rollout drift that takes GRPO's entropy from its step-1 mean H1 (over the
-    committed GRPO coin runs, <coin_runs>/clip-d*/metrics.jsonl or .gz, one per seed) to a tenth in `horizon`
-    rollouts. -> (c, H1, n)."""
-    h1 = []
-    for run in sorted(glob.glob(os.path.join(coin_runs, "clip-d*", ""))):
-        if jsonl_path(os.path.join(run, "metrics.jsonl")) is None:
-            continue
-        with open_jsonl(os.path.join(run, "metrics.jsonl")) as f:
-            first = next((json.loads(x) for x in f if '"entropy"' in x), None)
-        if first and first.get("step") == 1:
-            h1.append(first["entropy"])
-    if not h1:
-        return math.nan, math.nan, 0
-    H1 = sum(h1) / len(h1)
-    return 0.9 * H1 / horizon, H1, len(h1)
-
-
-def fmt(m, half, scale=1e4):
-    return f"{m * scale:+.2f} ± {half * scale:.2f}" if not math.isnan(half) else f"{m * scale:+.2f}"
 
 
 def anatomy(data, arm):
@@ -329,9 +167,13 @@ def report(rows, subset=None, segment=None, plan=None, rules=TOY):
            f"of {len(rules.family)} contrasts on dH_probe is read through {LEVEL:.3%} t intervals (Bonferroni, "
            f"0.05 / {len(rules.family)}) on K - 1 df over the seed means; every other number is exploratory, 95%. "
            f"Values in 1e-4 nats per token per rollout unless said. Probe entropy at the branch points: "
-           f"{H_probe:.3f} nats per token (mean). Margins: ±{rules.sesoi * 1e4:.2f}e-4 (the smallest effect of interest), the "
+           f"{H_probe:.3f} nats per token (mean). Margins: ±{rules.sesoi * 1e4:.2f}e-4 (the smallest effect of "
+           f"interest), the "
            f"interaction ±{rules.interaction * 1e4:.2f}e-4; collapse-sized drift c = {rules.collapse_note[0]} = "
            f"{rules.collapse * 1e4:.2f}e-4 (fixed: {rules.collapse_note[1]}).", ""]
+    if any(r.get("flip") == "pair" for r in rows):
+        out += ["Antithetic coins: every line is the mean of an arm's readings on the drawn coins and on the same "
+                "rollout's flipped coins (1 - r), averaged before any contrast.", ""]
     if plan:
         out += [f"**Read by {plan}: the family's intervals over all branch points below are computed as "
                 f"{rules.plan} computes them, but this data's readings are the ones its own plan names.**", ""]
@@ -462,82 +304,6 @@ def segment_lines(data, arms, size, level=0.95, rules=TOY):
         cells.append(f"{fmt(m, half)}: {label(m, half, margin)}" if len(cuts) > 1 else "–")
         out.append(f"| {name} | " + " | ".join(cells) + " |")
         out.append("| per-branch sd of it (1e-4) | " + " | ".join(sds) + " | |")
-    return out
-
-
-def _interval(m, half):
-    return f"{fmt(m, half)}e-4, [{(m - half) * 1e4:+.2f}, {(m + half) * 1e4:+.2f}]"
-
-
-def verdict_lines(diffs, kl_ratio=None, rules=TOY):
-    """The plan's readings from the family {name: (mean, half at LEVEL)} on dH_probe, and noclip-matched's KL over
-    the clip's (None: not run). A side "drains" where its interval lies below 0 (by less than the margin where it
-    lies within it too); "Band removes the upper side's drain" needs the upper side to drain, Band-KL − clip-upper
-    above 0 and Band-KL − no-clip within ±SESOI (the rules' margins and c)."""
-    out, c, sesoi, inter = [], rules.collapse, rules.sesoi, rules.interaction
-
-    def get(name):
-        full = next(n for n, _, _ in rules.family if n.startswith(name))
-        return (full, *diffs[full]) if full in diffs else (full, math.nan, math.nan)
-
-    def sided(m, half, margin, below, above, none):
-        lab = label(m, half, margin)
-        if math.isnan(half):
-            return lab
-        small = f", by less than ±{margin * 1e4:.2f}e-4" if -margin <= m - half and m + half <= margin else ""
-        return (below + small if m + half < 0 else above + small if m - half > 0 else none if small
-                else "unresolved: neither excludes 0 nor lies within the margin")
-
-    name, m, half = get("clip − noclip")
-    if not math.isnan(half):
-        what = sided(m, half, sesoi, "the clip drains the entropy", "the clip raises the entropy",
-                     "no effect of interest")
-        collapse = (f"; no collapse-sized drain (lower end {(m - half) * 1e4:+.2f}e-4 > -c = {-c * 1e4:.2f}e-4)"
-                    if m - half > -c else f"; a collapse-sized drain is not excluded (lower end "
-                    f"{(m - half) * 1e4:+.2f}e-4 <= -c = {-c * 1e4:.2f}e-4)")
-        out.append(f"- {name}: {_interval(m, half)}: **{what}**{collapse}")
-    up = get("upper side")
-    for side in ("upper side", "lower side"):
-        name, m, half = get(side)
-        if not math.isnan(half):
-            out.append(f"- {name}: {_interval(m, half)}: **" + sided(
-                m, half, sesoi, f"the {side} drains", f"the {side} raises the entropy",
-                f"the {side}: no effect of interest") + "**")
-    name, m, half = get("interaction")
-    if not math.isnan(half):  # additivity is the question: within the margin reads "add", whatever the sign
-        lab = label(m, half, inter)
-        what = (f"the two sides add (within ±{inter * 1e4:.2f}e-4)" if lab.startswith("no effect") else
-                f"the sides interact ({lab})" if lab in ("below 0", "above 0") else
-                "unresolved: neither excludes 0 nor lies within the margin")
-        out.append(f"- {name}: {_interval(m, half)}: **{what}**")
-    brake, step = get("brake"), get("step")
-    if not math.isnan(brake[2]) or not math.isnan(step[2]):
-        if kl_ratio is None or not KL_MATCH[0] <= kl_ratio <= KL_MATCH[1]:
-            out.append(f"- brake and step: **not read: noclip-matched's KL is {kl_ratio:.2f}x the clip's, outside "
-                       f"[{KL_MATCH[0]}, {KL_MATCH[1]}]: the steps were not matched**" if kl_ratio is not None
-                       else "- brake and step: not read (noclip-matched's KL unknown)")
-        else:
-            out.append(f"- step match: noclip-matched's KL is {kl_ratio:.2f}x the clip's (within "
-                       f"[{KL_MATCH[0]}, {KL_MATCH[1]}])")
-            readings = [(brake, "the clip drains beyond a no-clip step of the same size (its per-token shape)",
-                         "the clip raises the entropy against a no-clip step of the same size",
-                         "the clip acts as a smaller step: no effect of interest beyond it"),
-                        (step, "a smaller step alone lowers the entropy change",
-                         "a smaller step alone raises the entropy change",
-                         "a smaller step alone: no effect of interest")]
-            for (name, m, half), *labels in readings:
-                if not math.isnan(half):
-                    out.append(f"- {name}: {_interval(m, half)}: **" + sided(m, half, sesoi, *labels) + "**")
-    name, m, half = get("bandkl − noclip")
-    bu = get("bandkl − clip-upper")
-    if not math.isnan(half) and not math.isnan(up[2]) and not math.isnan(bu[2]):
-        drains, above = up[1] + up[2] < 0, bu[1] - bu[2] > 0
-        equiv = -sesoi <= m - half and m + half <= sesoi
-        verdict = ("Band removes the upper side's drain" if drains and above and equiv else
-                   "not read: the upper side's drain is not shown" if not drains else
-                   "not shown: Band-KL − clip-upper does not lie above 0" if not above else
-                   f"not shown: Band-KL − noclip does not lie within ±{sesoi * 1e4:.2f}e-4")
-        out.append(f"- {bu[0]}: {_interval(*bu[1:])}; {name}: {_interval(m, half)}: **{verdict}**")
     return out
 
 

@@ -4,7 +4,9 @@ A difference is paired by seed and read through its 95% t interval, mean ± t(0.
 `paired`, `ci`), against 0 and an equivalence margin (`weigh`); a step metric is read at two windows, each named
 as it is averaged (`at_window`, `window_name`, `across`); the fraction of the clip's drift an arm removes is a
 ratio of paired means with Fieller's interval (`drift_fraction`, `fraction_label`). verdicts.py re-exports every
-name; tests/test_compare.py checks each on hand-built numbers.
+name; tests/test_compare.py checks each on hand-built numbers. The drift experiment's intervals are at any level
+(Bonferroni): Student's t by quadrature (`t_quantile`, `t_of`), the sign interval of a median (`median_interval`)
+and the power of such an interval (`power`, `equivalence_power`); tests/test_drift.py checks them against tables.
 """
 
 import collections
@@ -164,3 +166,66 @@ def fraction_label(f, lo, hi, n, margin=FRACTION_MARGIN):
     if lo > 1 or hi < 0:
         return "beyond no-clip" if lo > 1 else "beyond GRPO"
     return "removes part of it" if 0 < lo and hi < 1 else "inconclusive (underpowered)"
+
+
+# --- statistics: t quantiles at any level, the sign interval of a median, power ------------------------------------
+def t_cdf(x, df):
+    """Student's t CDF by Simpson's rule on the density over [0, |x|] (2,000 panels: the integrand is smooth and
+    its fourth derivative bounded, error well under 1e-9 for the quantiles used here)."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    f = lambda t: c * (1 + t * t / df) ** (-(df + 1) / 2)  # noqa: E731
+    n, a = 2000, abs(x)
+    h = a / n
+    area = h / 3 * (f(0) + f(a) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, n)))
+    return 0.5 + math.copysign(area, x)
+
+
+def t_quantile(p, df):
+    """The p quantile of Student's t on df degrees of freedom (bisection on t_cdf, to 1e-9)."""
+    lo, hi = -1e3, 1e3
+    while hi - lo > 1e-9:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def t_of(xs, level=0.95):
+    """(mean, half-width of the two-sided t interval at `level`, n, sd) of numbers."""
+    m, sd = mean_std(xs)
+    n = len(xs)
+    return m, (t_quantile(1 - (1 - level) / 2, n - 1) * sd / math.sqrt(n) if n > 1 else math.nan), n, sd
+
+
+def median_interval(xs, level=0.95):
+    """The median of xs and its distribution-free interval [x_(k), x_(n+1-k)] (the sign test's: it covers the true
+    median with probability 1 - 2 P(Bin(n, 1/2) < k)), the largest k whose coverage is >= level.
+    -> (median, lo, hi, coverage); lo = hi = nan where no k reaches the level."""
+    xs = sorted(xs)
+    n = len(xs)
+    med = (xs[(n - 1) // 2] + xs[n // 2]) / 2
+    tail, k = 0.0, 0  # tail = P(Bin(n, 1/2) <= k - 1)
+    while 1 - 2 * (tail + math.comb(n, k) / 2 ** n) >= level:
+        tail += math.comb(n, k) / 2 ** n
+        k += 1
+    if k == 0:
+        return med, math.nan, math.nan, math.nan
+    return med, xs[k - 1], xs[n - k], 1 - 2 * tail
+
+
+def power(sd, K, effect, level=0.95):
+    """Approximate power of the two-sided t interval at `level` over K seeds to exclude 0 when the true mean is
+    `effect` (sd taken as known: P(|x̄ / se| > t) with x̄ normal)."""
+    z, t = effect * math.sqrt(K) / sd, t_quantile(1 - (1 - level) / 2, K - 1)
+    return _phi(z - t) + _phi(-z - t)
+
+
+def equivalence_power(sd, K, margin, true=0.0, level=0.95):
+    """Approximate probability that the interval at `level` lies within ±margin when the true mean is `true`:
+    P(-margin + h < x̄ < margin - h), h the half-width with sd taken as known."""
+    se = sd / math.sqrt(K)
+    h = t_quantile(1 - (1 - level) / 2, K - 1) * se
+    return max(0.0, _phi((margin - h - true) / se) - _phi((-margin + h - true) / se))
+
+
+def _phi(x):
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
