@@ -34,7 +34,7 @@ import data
 import grpo
 import reward
 import rollout
-from machinery.memory import free_memory, grad_checkpointing_default, recompute_default, update_memory
+from machinery.memory import choose_recompute, free_memory, grad_checkpointing_default, update_memory
 from machinery.packed_attention import pack_default
 from machinery.precision import resolve_dtype
 from policy import resolve_recompute
@@ -231,17 +231,18 @@ def saved_config(saved):
     return Config(**{**{k: v for k, v in SAVED_BEFORE.items() if k not in saved}, **saved})
 
 
-def decide_grad_checkpointing(cfg, device, prompt_lens=None):
+def decide_grad_checkpointing(cfg, device, prompt_lens=None, explain=False):
     """--recompute auto (and --grad-checkpointing unset): the cheapest recomputation the memory
-    model says fits (memory.recompute_default; without selective under compiled layers), from the
+    model says fits (memory.choose_recompute; without selective under compiled layers), from the
     memory free on this rank's device once it is set, the least over all ranks, so that every rank
     decides the same, and from the longest training prompt (`prompt_lens`, the token count of every
     training prompt; None: --max-prompt-len), not the longest allowed: GSM8K's chat prompts are
     ~100-250 tokens under a 512 limit. Then --share-prompt unset (`shares_prompt_pays`).
     Then --pack unset (packed_attention.pack_default, off where the shared prompt is on) and
     --compile-layers unset (COMPILE_DEFAULT).
-    Returns (cfg with the decisions, the free bytes it used, where they were read). Raises
-    ValueError where --share-prompt would need checkpointing off. Needs the process group."""
+    Returns (cfg with the decisions, the free bytes it used, where they were read), and with `explain` the
+    recomputation's reason in words (the start-up line's). Raises ValueError where no recomputation fits under auto,
+    or where --share-prompt would need checkpointing off. Needs the process group."""
     free, source = free_memory(device)
     free_t = torch.tensor(float(free), dtype=torch.float64, device=device)
     dist.all_reduce(free_t, op=dist.ReduceOp.MIN)
@@ -251,12 +252,20 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None):
     compiled = (cfg.compile_layers if cfg.compile_layers is not None
                 else compile_default(device) and resolve_recompute(cfg) != "selective")
     recompute = resolve_recompute(dataclasses.replace(cfg, compile_layers=compiled))
+    # the memory model's inputs: packed rows have the fused head, padded ones their (rows, t + 1, V) logits (rows x
+    # (t + 1) positions; under a token budget at most its tokens, in rows of one-token responses at worst)
+    fused = bool(cfg.pack if cfg.pack is not None else pack_default(device) and not cfg.share_prompt)
+    tokens = micro_batch_tokens(cfg, longest)
+    rows = tokens if cfg.micro_batch_tokens else cfg.micro_batch_size
+    logits = None if fused else (rows, tokens if cfg.micro_batch_tokens else rows * (cfg.max_new_tokens + 1))
+    estimate = dict(fused_head=fused, logits=logits, compiled=compiled)
+    model_config = AutoConfig.from_pretrained(cfg.model)
     if recompute == "auto":
-        fused = bool(cfg.pack if cfg.pack is not None else pack_default(device))
         modes = ("none", "full") if compiled else ("none", "selective", "full")
-        recompute = recompute_default(AutoConfig.from_pretrained(cfg.model),
-                                      micro_batch_tokens(cfg, longest), dtype_bytes(cfg), free, modes,
-                                      fused_head=fused)
+        recompute, why = choose_recompute(model_config, tokens, dtype_bytes(cfg), free, modes, **estimate)
+    else:
+        need = update_memory(model_config, tokens, dtype_bytes(cfg), recompute, **estimate)
+        why = f"as given; the update ~{need / 2**30:.1f} GiB by the memory model"
         if cfg.share_prompt and recompute != "none":
             raise ValueError(f"--share-prompt needs --recompute none, and the update "
                              f"(~{update_memory_gb(cfg, longest):.1f} GB) would not fit in half of "
@@ -271,7 +280,7 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None):
     pack = cfg.pack if cfg.pack is not None else pack_default(device) and not share
     return (dataclasses.replace(cfg, recompute=recompute, grad_checkpointing=recompute != "none",
                                 compile_layers=compiled, share_prompt=share, pack=pack),
-            free, source)
+            free, source) + ((why,) if explain else ())
 
 
 # --compile-layers unset: on where compiled layers measured faster than eager ones — CUDA: 1.23x the

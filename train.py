@@ -305,7 +305,8 @@ def main(argv=None):
         transformers.utils.logging.set_verbosity_error()
     device = init_distributed()
     try:  # on the device this rank uses and the prompts' real lengths, the same on every rank
-        cfg, free, free_source = decide_grad_checkpointing(cfg, device, [len(x) for x in prompt_ids])
+        cfg, free, free_source, why = decide_grad_checkpointing(cfg, device, [len(x) for x in prompt_ids],
+                                                                explain=True)
         if cfg.pack:  # what the packed path does not implement: refused before the model loads
             check_packable(transformers.AutoConfig.from_pretrained(cfg.model), packed_kernel(cfg, device))
     except ValueError as e:
@@ -338,8 +339,7 @@ def main(argv=None):
     print0(f"run dir {cfg.out_dir} | {WORLD} rank(s) on {device.type} | "
            f"engine {type(engine).__name__} | method {cfg.method} delta {cfg.delta} | "
            f"{cfg.train_dtype} trainer, {cfg.rollout_dtype} engine (gap {gap:.1e} nats/token) | "
-           f"recompute {cfg.recompute} (update "
-           f"~{update_memory_gb(cfg, max(map(len, prompt_ids))):.1f} GB without, "
+           f"recompute {cfg.recompute} ({why}; "
            f"{free / 2**30:.0f} GB free on {device} per rank, least of {WORLD}, from "
            f"{free_source}) | shared prompt {'on' if cfg.share_prompt else 'off'} | packed rows "
            f"{'on, ' + packed_kernel(cfg, device) + ' attention' if cfg.pack else 'off'} | "

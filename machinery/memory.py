@@ -2,7 +2,7 @@
 
 Activation recomputation (--recompute auto) is decided from these: config.decide_grad_checkpointing
 takes the cheapest mode (none, selective, full) whose update fits in half of the memory free on
-the device (the least over all ranks). On a CPU the free memory
+the device (the least over all ranks), says why, and refuses where none fits. On a CPU the free memory
 is the host's (MemAvailable, or a portable source) bounded by the room under this process's
 cgroup memory limits: in a container MemAvailable reports the host's RAM, and a step sized from it
 is killed by the container's limit (measured: docs/benchmarks.md).
@@ -10,8 +10,10 @@ is killed by the container's limit (measured: docs/benchmarks.md).
     free, source = free_memory(device)     # bytes for this rank, and where they were read
     update_memory(model_config, tokens, 2) > free / 2   # -> checkpointing on
 
-Tests: tests/test_config.py (MemAvailable per local rank, the portable sources, written cgroup v1 and
-v2 trees, a real cgroup of the machine where one can be made, the decision agreed over ranks).
+Tests: tests/test_recompute.py (what a layer keeps in each mode against a count on a real layer, the padded
+logits by hand, the choice and the refusal); tests/test_config.py (MemAvailable per local rank, the portable
+sources, written cgroup v1 and v2 trees, a real cgroup of the machine where one can be made, the decision agreed
+over ranks).
 """
 import os
 
@@ -19,45 +21,65 @@ import torch
 
 
 # --- the estimate --------------------------------------------------------------------------------
-def update_memory(model_config, tokens, dtype_bytes, recompute="none", fused_head=False):
-    """Bytes an update needs on one device, roughly, under `recompute` (policy.set_recompute): the
-    tensors a Llama/Qwen2 decoder layer saves for its backward, per token (`layer_bytes`), times
-    layers and the micro-batch's tokens, plus 16 bytes per parameter (fp32 weights, gradients and
-    the two AdamW moments; sharding would divide these, which the estimate ignores), plus, for the
-    fused head of packed micro-batches (logprobs._HeadLogprob), its float32 weight gradient (V x h)
-    before it is cast to the weights' dtype. On one H200 the measured peaks ran ~1.45x the saved
-    tensors under both none and selective (docs/gpu.md): the caller's half-the-free-memory rule
-    leaves that room."""
+def update_memory(model_config, tokens, dtype_bytes, recompute="none", fused_head=False, logits=None,
+                  compiled=False):
+    """Bytes an update needs on one device, roughly, under `recompute` (machinery/model.set_recompute): the
+    tensors a Llama/Qwen2 decoder layer keeps for its backward, per token (`layer_bytes`, eager or compiled), times
+    layers and the micro-batch's tokens, plus 16 bytes per parameter (fp32 weights, gradients and the two AdamW
+    moments; sharding would divide these, which the estimate ignores), plus, for the fused head of packed
+    micro-batches (logprobs._HeadLogprob), its float32 weight gradient (V x h) before it is cast to the weights'
+    dtype, or for padded micro-batches their logits and gradient (`logits`: (rows, positions), `padded_logits_bytes`).
+    On one H200 the measured peaks ran ~1.45x the saved tensors under both none and selective (docs/gpu.md): the
+    caller's half-the-free-memory rule leaves that room."""
+    if compiled and recompute == "selective":
+        raise ValueError("compiled layers do not combine with selective recomputation (machinery/model.py)")
     n = model_config.num_hidden_layers
     params = (model_config.vocab_size * model_config.hidden_size
               * (1 if model_config.tie_word_embeddings else 2)
               + n * (4 * model_config.hidden_size ** 2
                      + 3 * model_config.hidden_size * model_config.intermediate_size))
-    kept = {"none": n * layer_bytes(model_config, dtype_bytes, "none"),
-            "selective": n * layer_bytes(model_config, dtype_bytes, "selective"),
-            # each layer's input, and one layer's whole set while its backward reruns it
-            "full": n * dtype_bytes * model_config.hidden_size
-            + layer_bytes(model_config, dtype_bytes, "none")}[recompute]
+    layer = layer_bytes(model_config, dtype_bytes, "compiled" if compiled else "none")
+    # full: each layer's input, and one layer's whole set while its backward reruns it
+    kept = {"none": n * layer, "full": n * layer_bytes(model_config, dtype_bytes, "full") + layer,
+            "selective": n * layer_bytes(model_config, dtype_bytes, "selective")}[recompute]
     head = 4 * model_config.vocab_size * model_config.hidden_size if fused_head else 0
+    if logits is not None:
+        head += padded_logits_bytes(model_config.vocab_size, *logits, dtype_bytes)
     return tokens * kept + 16 * params + head
 
 
 def layer_bytes(model_config, b, recompute="none"):
-    """Bytes one decoder layer saves for its backward per token, in compute dtype of b bytes, as
-    transformers' Llama/Qwen2 layers do (tests/test_recompute.py counts them with saved-tensor hooks):
-    none — each RMSNorm a float32 copy of its input and its output (4 h + b h bytes), q k v
-    (h + 2 h_kv), the rotary's rotate_half copies and rotated q k (2 h + 2 h_kv), the attention
-    output (h), gate, up, act(gate) and their product (4 i), plus float32 scalars per token (the
-    attention's log-sum-exp per head, each norm's 1/rms); selective — what a matmul or the
-    attention made and the layer's input: q k v, attention, o, gate, up, down, input
-    (5 h + 2 h_kv + 2 i) and the log-sum-exp."""
+    """Bytes one decoder layer keeps for its backward per token, in compute dtype of b bytes, as transformers'
+    Llama/Qwen2 layers do with the CPU's packed kernel (tests/test_recompute.py counts them on a real layer):
+    none — each RMSNorm a float32 copy of its input and its output (4 h + b h bytes), q k v (h + 2 h_kv), the
+    rotary's rotate_half copies and rotated q k (2 h + 2 h_kv), the attention output (h), gate, up, act(gate) and
+    their product (4 i), plus float32 scalars per token (the attention's log-sum-exp per head, each norm's 1/rms);
+    selective — what a matmul or the attention made and the layer's input: q k v, attention, o, gate, up, down, input
+    (5 h + 2 h_kv + 2 i) and the log-sum-exp; full — the layer's input (h); compiled (--compile-layers, no
+    recomputation: what Inductor's partitioner saves, counted on a compiled layer) — the input and both norms'
+    outputs, the rotated q k and v, the attention's output per row and joined, the residual, gate, up and their
+    product (7 h + 2 h_kv + 3 i), the log-sum-exp and the two 1/rms."""
     h, i = model_config.hidden_size, model_config.intermediate_size
     heads = model_config.num_attention_heads
     h_kv = (getattr(model_config, "num_key_value_heads", None) or heads) * (
         getattr(model_config, "head_dim", None) or h // heads)
     if recompute == "selective":
         return b * (5 * h + 2 * h_kv + 2 * i) + 4 * heads
+    if recompute == "full":
+        return b * h
+    if recompute == "compiled":
+        return b * (7 * h + 2 * h_kv + 3 * i) + 4 * heads + 2 * 4
+    if recompute != "none":
+        raise ValueError(f"layer_bytes: unknown mode {recompute!r}")
     return 2 * (4 * h + b * h) + b * (4 * h + 4 * h_kv + 4 * i) + 4 * heads + 2 * 4
+
+
+def padded_logits_bytes(vocab, rows, positions, b, chunk=64):
+    """Bytes the padded path's head needs at its peak: the logits (b bytes each) of a micro-batch's `positions`
+    response positions (rows x (t + 1): logits_to_keep), then their gradient of the same size while the logits are
+    still held (logprobs._TokenLogprob's backward), and one float32 chunk of `chunk` positions per row
+    (`min(positions, rows x chunk)`) that the log-softmax works in."""
+    return 2 * positions * vocab * b + 4 * min(positions, rows * chunk) * vocab
 
 
 def grad_checkpointing_default(model_config, tokens, dtype_bytes, free_bytes):
@@ -68,15 +90,33 @@ def grad_checkpointing_default(model_config, tokens, dtype_bytes, free_bytes):
     return update_memory(model_config, tokens, dtype_bytes) > free_bytes / 2
 
 
+def choose_recompute(model_config, tokens, dtype_bytes, free_bytes, modes=("none", "selective", "full"),
+                     fused_head=False, logits=None, compiled=False):
+    """--recompute auto: the cheapest of `modes` (in the order of their FLOPs: none, then selective, which reruns
+    only element-wise ops, then full, a third more matmul FLOPs) whose update (`update_memory`) fits in half the
+    memory free on the device. -> (mode, the reason in words, for the start-up line). Raises ValueError, one line with
+    every mode's estimate, where none fits: a forced mode (--recompute full) is the user's call, not auto's."""
+    gib = {m: update_memory(model_config, tokens, dtype_bytes, m, fused_head, logits, compiled) / 2**30
+           for m in modes}
+    half = free_bytes / 2 / 2**30
+    logit_note = (f" (the padded logits and their gradient "
+                  f"{padded_logits_bytes(model_config.vocab_size, *logits, dtype_bytes) / 2**30:.1f} GiB of each)"
+                  if logits is not None else "")
+    for k, mode in enumerate(modes):
+        if gib[mode] <= half:
+            over = ", ".join(f"{m} ~{gib[m]:.1f} GiB" for m in modes[:k])
+            return mode, (f"auto: the update ~{gib[mode]:.1f} GiB{' compiled' if compiled else ''} fits in half the "
+                          f"{2 * half:.1f} GiB free" + (f"; {over} would not" if over else "") + logit_note)
+    raise ValueError(f"--recompute auto: no recomputation fits the update in half the {2 * half:.1f} GiB free: "
+                     + ", ".join(f"{m} ~{gib[m]:.1f} GiB" for m in modes) + logit_note
+                     + "; shorten the micro-batches (--micro-batch-size, --micro-batch-tokens), or force a mode "
+                       "(--recompute full) to run anyway")
+
+
 def recompute_default(model_config, tokens, dtype_bytes, free_bytes, modes=("none", "selective", "full"),
-                      fused_head=False):
-    """--recompute auto: the cheapest of `modes` (in the order of their FLOPs: none, then selective,
-    which reruns only element-wise ops, then full, a third more matmul FLOPs) whose update fits in
-    half the memory free on the device; full where none does."""
-    for mode in modes:
-        if update_memory(model_config, tokens, dtype_bytes, mode, fused_head) <= free_bytes / 2:
-            return mode
-    return "full"
+                      fused_head=False, logits=None, compiled=False):
+    """`choose_recompute`'s mode alone."""
+    return choose_recompute(model_config, tokens, dtype_bytes, free_bytes, modes, fused_head, logits, compiled)[0]
 
 
 # --- the memory free ----------------------------------------------------------------------------
