@@ -76,6 +76,7 @@ def section_pack(args, size, out):
            "model_tflops_per_update": flops / 1e12, "gpu": name,
            "peak_tflops": peak or f"unknown: no dense bf16 peak known for {name!r} (MFU null)",
            "attention_kernel": kernel, "settings": []}
+    progress(res)  # the shape and FLOPs: what a section stopped before its first setting had
     ref_grad, calls, run_kernel = {}, {"n": 0}, packed_attention.KERNELS[kernel]
 
     def counted(*a):  # the kernel that really ran, counted where it is called
