@@ -103,9 +103,8 @@ class Config:
     export_hf: bool = True            # save_pretrained the final model into <out_dir>/hf
 
 
-def parse_config(argv=None):
-    """argparse over dataclasses.fields(Config): every field is a flag (`--delta 0.05`,
-    `--no-export-hf`)."""
+def _parser(defaults=True):
+    """argparse over dataclasses.fields(Config); without `defaults`, a flag not given is absent from the result."""
     parser = argparse.ArgumentParser(prog="train.py", description="BandPO / GRPO training with "
                                      "FSDP2 (docs/paper.md §3): every Config field a flag.")
     # each field's one-line comment in Config's source is its --help text
@@ -115,11 +114,24 @@ def parse_config(argv=None):
         # Optional[X] -> X
         kind = next((t for t in typing.get_args(f.type) if t is not type(None)), f.type)
         help_text = comments.get(f.name, "").replace("%", "%%")
+        default = f.default if defaults else argparse.SUPPRESS
         if kind is bool:  # --x / --no-x; unset keeps the default (None: decided in resolve_config)
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
-            parser.add_argument(flag, type=kind, default=f.default, help=help_text)
-    return Config(**vars(parser.parse_args(argv)))
+            parser.add_argument(flag, type=kind, default=default, help=help_text)
+    return parser
+
+
+def parse_config(argv=None):
+    """argparse over dataclasses.fields(Config): every field is a flag (`--delta 0.05`,
+    `--no-export-hf`)."""
+    return Config(**vars(_parser().parse_args(argv)))
+
+
+def given_flags(argv=None):
+    """The fields whose flags `argv` names (argparse fills the others with defaults, which a resume must tell
+    apart from a value asked for)."""
+    return set(vars(_parser(defaults=False).parse_args(argv)))
 
 
 def resolve_config(cfg):
@@ -229,6 +241,42 @@ def saved_config(saved):
     if unknown:
         raise ValueError(f"saved config has unknown settings {', '.join(unknown)}")
     return Config(**{**{k: v for k, v in SAVED_BEFORE.items() if k not in saved}, **saved})
+
+
+# What a resume takes from the command line where its flag is given: the run's length, its checkpoints, console,
+# logging and export, and how the update spends time and memory (recomputation, packed rows, compiled layers), which
+# change the order of float sums at most, never what is computed. Every other setting is the saved run's; a flag
+# given with another value than the saved one is refused, naming it (a run is a function of its config).
+RESUME_TAKES = ("max_steps", "keep_checkpoints", "save_every", "verbose", "wandb", "export_hf",
+                "recompute", "grad_checkpointing", "pack", "compile_layers")
+
+
+def resumed_config(argv, saved):
+    """The Config that `train.py --resume RUN ...` runs: RUN's saved config.json (`saved`, a dict) with the
+    RESUME_TAKES fields whose flags `argv` names. -> (Config, one line saying what it keeps and what it takes).
+    Raises ValueError naming a flag that would change the run's maths."""
+    cli, given = resolve_config(parse_config(argv)), given_flags(argv)
+    # a config saved when -1 meant "the method's eps" reads as unset
+    saved = {**saved, **{k: None for k in ("eps_low", "eps_high") if (saved.get(k) or 0) < 0}}
+    own = method_defaults(saved_config(saved))
+    if "out_dir" in given and os.path.abspath(parse_config(argv).out_dir) != os.path.abspath(cli.resume):
+        raise ValueError(f"--out-dir {parse_config(argv).out_dir!r} with --resume {cli.resume!r}: a resumed run "
+                         f"continues in its own directory")
+    for name in sorted(given - set(RESUME_TAKES) - {"resume", "out_dir"}):
+        if getattr(cli, name) != getattr(own, name):
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(cli, name)!r} with --resume: the run was saved "
+                             f"with {getattr(own, name)!r}, and a resume keeps the saved run's maths (train a new "
+                             f"run to change it)")
+    taken = [n for n in RESUME_TAKES if n in given]
+    if {"recompute", "grad_checkpointing"} & given:   # one setting under two flags: both come from the command line
+        taken += [n for n in ("recompute", "grad_checkpointing") if n not in taken]
+    cfg = dataclasses.replace(own, resume=cli.resume, out_dir=cli.out_dir, **{n: getattr(cli, n) for n in taken})
+    if {"recompute", "grad_checkpointing", "pack", "compile_layers"} & given:
+        cfg = resolve_config(cfg)   # the saved run's other settings may not combine with them (--share-prompt)
+    flags = [f"--{'' if v else 'no-'}{f}" if isinstance(v, bool) else f"--{f} {v}"
+             for n in RESUME_TAKES if n in given for v, f in [(getattr(cfg, n), n.replace("_", "-"))]]
+    return cfg, (f"resuming {cli.resume}: the saved run's settings (config.json)"
+                 + (f", and from the command line {' '.join(flags)}" if flags else ", nothing from the command line"))
 
 
 def decide_grad_checkpointing(cfg, device, prompt_lens=None, explain=False):

@@ -45,10 +45,11 @@ import eval as evaluation
 import grpo
 import reward
 import rollout
-from machinery.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, prune_checkpoints,
-                                  save_checkpoint)
+from machinery.checkpoint import (checkpoint_step, export_hf, latest_checkpoint, load_checkpoint,
+                                  prune_checkpoints, save_checkpoint)
+from machinery.jsonl import resumed_lines
 from config import (Config, decide_grad_checkpointing, method_defaults, micro_batch_tokens,  # noqa: F401
-                    parse_config, resolve_config, saved_config, update_fits, update_memory_gb)
+                    parse_config, resolve_config, resumed_config, update_fits, update_memory_gb)
 from logprobs import check_packable, pack, sequence_logprobs
 from policy import (batch_logprobs, build_model, check_batch_shape,  # noqa: F401 (re-exported)
                     make_optimizer, old_policy_sums, on_policy, packed_kernel, reshard, update_policy)
@@ -214,37 +215,32 @@ def engine_trainer_gap(engine, model, records, cfg, device):
 
 # --- the run: its directory, metrics file and console --------------------------------------------
 def load_run_config(argv):
-    """The Config that will run: the flags, or a resumed run's saved settings (its own, except the
-    length of the run, where it goes, and --keep-checkpoints when given), checked against this world
-    size. Raises ValueError / OSError naming the value."""
+    """The Config that will run: the flags, or a resumed run's saved settings with what config.resumed_config takes
+    from the flags (it says which, on one line), checked against this world size. Raises ValueError / OSError
+    naming the value."""
     cfg = resolve_config(parse_config(argv))
     if cfg.resume:
         with open(os.path.join(cfg.out_dir, "config.json")) as f:
-            saved = json.load(f)
-        # a config saved when -1 meant "the method's eps" reads as unset
-        saved.update({k: None for k in ("eps_low", "eps_high") if (saved.get(k) or 0) < 0})
-        own = method_defaults(saved_config(saved))
-        cfg = dataclasses.replace(own, max_steps=cfg.max_steps, resume=cfg.resume,
-                                  out_dir=cfg.out_dir,
-                                  keep_checkpoints=cfg.keep_checkpoints or own.keep_checkpoints)
+            cfg, note = resumed_config(argv, json.load(f))
+        print0(note)
     check_batch_shape(cfg, WORLD)  # the shape that will run: a resumed run's own, on this world
     return cfg
 
 
 def open_run(cfg, start_step):
-    """Rank 0: write config.json, drop metrics lines written after the checkpoint we resume from
-    (atomically), open metrics.jsonl for appending, start wandb if asked. Others: (None, None)."""
+    """Rank 0: write config.json, give metrics.jsonl the lines up to the checkpoint we resume from, from it or
+    from the committed metrics.jsonl.gz (atomically), open it for appending, start wandb if asked. Others: (None,
+    None)."""
     if RANK != 0:
         return None, None
     os.makedirs(cfg.out_dir, exist_ok=True)
     with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=1)
     metrics_file = os.path.join(cfg.out_dir, "metrics.jsonl")
-    if os.path.isfile(metrics_file):
-        with open(metrics_file) as f:
-            lines = [line for line in f if line.strip() and json.loads(line)["step"] <= start_step]
+    kept = resumed_lines(metrics_file, start_step)  # the plain file's, else the committed .gz's
+    if kept is not None:
         with open(metrics_file + ".tmp", "w") as f:
-            f.writelines(lines)
+            f.writelines(kept)
         os.replace(metrics_file + ".tmp", metrics_file)
     wandb_run = None
     if cfg.wandb:
@@ -277,6 +273,8 @@ def main(argv=None):
     # --- configuration: every error is one line and exit code 2, before any process group ---
     try:
         cfg = load_run_config(argv)
+        ckpt = latest_checkpoint(cfg.out_dir) if cfg.resume else None
+        resumed_lines(os.path.join(cfg.out_dir, "metrics.jsonl"), checkpoint_step(ckpt))  # what open_run will keep
         # the synthetic task is unlimited: a fixed 100k problems, so the data order does not
         # depend on --max-steps
         train_records = [r for name in data.split_names(cfg.data) for r in data.load(
@@ -326,7 +324,6 @@ def main(argv=None):
     torch.manual_seed(cfg.seed + RANK)  # after the engine, which reseeds the global RNGs at start
     random.seed(cfg.seed + RANK)
     start_step = 0
-    ckpt = latest_checkpoint(cfg.out_dir) if cfg.resume else None
     if ckpt:
         start_step = load_checkpoint(ckpt, model, optimizer)
         print0(f"resumed from {ckpt} at step {start_step}")

@@ -19,7 +19,7 @@ equivalence margin, two windows, a no-clip control arm; horizon.py reads the sam
 Everything after `--` goes to train.py unchanged (after `--reward`, so it wins), so the same script runs the real
 comparison on GPUs. Runs are resumable: a finished run is skipped, an interrupted one continues from its last
 checkpoint (train.py --resume), and a finished one is extended by a larger --max-steps (a run whose lines were
-gzipped first gets its plain metrics.jsonl back; a committed run keeps no checkpoint, so it trains again from step 0).
+gzipped first gets its plain metrics.jsonl back; a committed run keeps no checkpoint: delete its .gz to train it again).
 `--jobs 2 --nproc 1` trains two runs at once, each pinned to its own cores. On a GPU the jobs share it (`--jobs 9` on
 one H100).
 """
@@ -98,7 +98,10 @@ def train_cmd(args, method, delta, seed, extra, port):
                      f"not {args.reward!r}; give it another --runs-dir")
         if has_checkpoint(run_dir):
             unpack_for_resume(run_dir)
-        else:   # a committed run carries none: train.py starts at step 0 in a new metrics.jsonl, which hides the .gz
+        elif os.path.isfile(os.path.join(run_dir, "metrics.jsonl.gz")):   # train.py would rewrite its steps: refused
+            sys.exit(f"compare.py: error: {run_dir} has no checkpoint to continue its metrics.jsonl.gz from; delete "
+                     f"that file to train the run again from step 0")
+        else:   # stopped before its first checkpoint: train.py starts at step 0
             print(f"compare.py: {run_dir} has no checkpoint; train.py trains it again from step 0", flush=True)
         return cmd + ["--resume", run_dir, "--max-steps", str(args.max_steps)]
     return cmd + ["--method", method, "--delta", str(delta), "--seed", str(seed), "--max-steps", str(args.max_steps),

@@ -83,6 +83,14 @@ def latest_checkpoint(run_dir):
     return os.path.join(root, done[-1]) if done else None
 
 
+def checkpoint_step(path):
+    """The step a checkpoint folder was saved at (its meta.json); 0 for None, a run with no checkpoint."""
+    if path is None:
+        return 0
+    with open(os.path.join(path, "meta.json")) as f:
+        return json.load(f)["step"]
+
+
 def prune_checkpoints(run_dir, keep):
     """Delete all but the newest `keep` complete checkpoints of a run (rank 0, after a save);
     returns those deleted.

@@ -1,12 +1,13 @@
 """Make finished results travel light: gzip the run outputs under experiments/results, palette the figures.
 
 A run writes plain NAME.jsonl (metrics.jsonl, drift.py's pairs.jsonl) line by line, so it can resume; what is
-committed is NAME.jsonl.gz, which every reader opens as well (machinery/jsonl.py). The .gz is written as `gzip -n
--9` writes it: no file name and no time stamp in the header, so the same lines always give the same bytes and a
-re-run changes nothing in git. Each .gz is read back and compared with the plain file line by line before the plain
-file is removed. A metrics.jsonl whose config.json asks for more steps than it holds belongs to an unfinished run
-(train.py still appends to it) and is left alone. A plain file beside an older .gz (a committed run extended by
-compare.py) replaces that .gz.
+committed is NAME.jsonl.gz, which every reader opens as well (machinery/jsonl.py). Each .gz is read back and compared
+with the plain file line by line before the plain file is removed. Its header holds no file name and no time (mtime
+0, as `gzip -n`), so neither reaches the bytes. A .gz that already holds exactly the plain file's lines is kept as it
+is, whatever compressor wrote it, so a re-run changes nothing in git; a plain file that continues its .gz (a
+committed run resumed) replaces it; any other plain file beside a .gz (fewer lines, or other earlier ones) is
+refused, naming it, with exit code 2 and nothing written. A metrics.jsonl whose config.json asks for more steps than
+it holds belongs to an unfinished run (train.py still appends to it) and is left alone.
 
 Figures: a PNG of figures/ still in RGB(A), as matplotlib writes it, is re-saved as a 128-colour palette image
 (the same size in pixels, about a third of the bytes: a plot's few flat colours and their anti-aliasing read the
@@ -24,11 +25,15 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from machinery.jsonl import first_difference  # noqa: E402
+
 COLOURS = 128   # 64 already merged the grey of a dotted line into a neighbouring green
 
 
 def gzip_bytes(data):
-    """`gzip -n -9` of `data`, byte-stable: mtime 0 and an empty file name in the header."""
+    """`data` gzipped by zlib at level 9, with no file name and mtime 0 in the header (as `gzip -n`). The deflate
+    stream is zlib's, not GNU gzip's own: the same lines give the same bytes under the same zlib."""
     buf = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=buf, mtime=0) as f:
         f.write(data)
@@ -51,10 +56,26 @@ def unfinished(path):
     return None
 
 
+def refusal(path):
+    """Why the plain `path` may not replace the .gz beside it (it does not begin with every line of it), or None."""
+    differs = os.path.isfile(path + ".gz") and first_difference(path + ".gz", path)
+    return f"{path} does not continue {path}.gz ({differs}); both kept" if differs else None
+
+
 def compress(path, dry_run=False):
-    """Gzip one plain .jsonl beside it, check it line by line, remove the plain file. Returns a line to print."""
+    """Gzip one plain .jsonl beside it, check it line by line, remove the plain file; keep a .gz that holds the same
+    lines. Returns a line to print; ValueError (refusal's line) where the plain file does not continue its .gz."""
+    why = refusal(path)
+    if why:
+        raise ValueError(why)
     with open(path, "rb") as f:
         data = f.read()
+    if os.path.isfile(path + ".gz"):
+        with gzip.open(path + ".gz", "rb") as f:
+            if f.read().splitlines() == data.splitlines():
+                if not dry_run:
+                    os.remove(path)
+                return f"{'would keep' if dry_run else 'kept'} {path}.gz: it holds the same lines as {path}"
     packed = gzip_bytes(data)
     if dry_run:
         return f"would gzip {path} ({len(data)} -> {len(packed)} bytes)"
@@ -102,6 +123,11 @@ def main():
             files.append(top)
         for d, _, names in sorted(os.walk(top)):
             files += [os.path.join(d, n) for n in sorted(names)]
+    # every refusal before anything is written: a .gz never loses the lines its run had
+    why = next((refusal(p) for p in files if p.endswith(".jsonl") and not unfinished(p) and refusal(p)), None)
+    if why:
+        print(f"compress_results.py: error: {why}", file=sys.stderr)
+        return 2
     for path in files:
         if path.endswith(".jsonl"):
             why = unfinished(path)

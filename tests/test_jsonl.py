@@ -1,7 +1,8 @@
 """Committed run outputs travel gzipped (machinery/jsonl.py, scripts/compress_results.py): every reader of a run gives
-the same answer from NAME.jsonl.gz as from NAME.jsonl; the compressor keeps every line, writes the same bytes for the
-same lines and leaves unfinished runs alone; a committed run that compare.py extends keeps its steps; and a
-committed verdict table re-issues unchanged from the committed compressed runs."""
+the same answer from NAME.jsonl.gz as from NAME.jsonl, and refuses a plain file beside a .gz that does not continue
+it; the compressor keeps every line, keeps a .gz that holds the same lines, refuses to replace one with fewer or
+other lines and leaves unfinished runs alone; a committed run that train.py resumes keeps its steps, and one it
+would rewrite is refused; and a committed verdict table re-issues unchanged from the committed compressed runs."""
 import filecmp
 import gzip
 import json
@@ -38,7 +39,8 @@ def _run(run_dir, n_steps, max_steps=None, gz=False):
     """A run directory with config.json and metrics.jsonl, or (gz) only its committed form metrics.jsonl.gz."""
     os.makedirs(run_dir)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump({"prompts_per_step": 4, "group_size": 8, "max_steps": max_steps or n_steps}, f)
+        json.dump({"prompts_per_step": 4, "mini_batch_prompts": 4, "group_size": 8, "max_steps": max_steps or n_steps},
+                  f)
     path = os.path.join(run_dir, "metrics.jsonl")
     with open(path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in _rows(n_steps))
@@ -66,21 +68,61 @@ def test_every_reader_gives_the_same_answer_from_the_gzipped_run(tmp_path, monke
     assert drawn == [{"clip-d0.05-s0": horizon.read_run(plain)}]
 
 
-def test_compress_keeps_every_line_and_writes_the_same_bytes(tmp_path):
+def test_compress_keeps_every_line_in_a_header_without_name_or_time(tmp_path):
+    """The .gz reads back, through the real `gzip` program, as the plain file's bytes; its header holds no file name
+    and mtime 0, so the file's name and time never reach the bytes."""
     lines = "".join(json.dumps(r) + "\n" for r in _rows(30))
-    gz = []
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        path = tmp_path / name / "pairs.jsonl"
-        path.write_text(lines)
-        os.utime(path, (1e9, 1e9) if name == "a" else (2e9, 2e9))   # the file's time does not reach the header
-        compress_results.compress(str(path))
-        assert not path.exists()
-        gz.append((tmp_path / name / "pairs.jsonl.gz").read_bytes())
-    assert gz[0] == gz[1]
-    # RFC 1952 header: magic 1f 8b, method 8 (deflate), no flags (so no file name), mtime 0 (as `gzip -n`)
-    assert gz[0][:8] == b"\x1f\x8b\x08\x00\x00\x00\x00\x00"
-    assert gzip.decompress(gz[0]).decode() == lines
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(lines)
+    os.utime(path, (2e9, 2e9))
+    compress_results.compress(str(path))
+    assert not path.exists()
+    gz = (tmp_path / "pairs.jsonl.gz").read_bytes()
+    # RFC 1952 header: magic 1f 8b, method 8 (deflate), no flags (so no file name), mtime 0, XFL 2 (level 9)
+    assert gz[:9] == b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02"
+    if shutil.which("gzip"):
+        assert subprocess.run(["gzip", "-dc"], input=gz, capture_output=True, check=True).stdout == lines.encode()
+    assert gzip.decompress(gz).decode() == lines
+
+
+@pytest.mark.skipif(shutil.which("gzip") is None, reason="needs the gzip program")
+def test_a_rerun_keeps_a_gz_with_the_same_lines_byte_for_byte(tmp_path):
+    """Most committed .gz files were written by GNU `gzip -n -9`, whose header (OS byte) and deflate stream differ
+    from zlib's: compressing the same lines again leaves such a .gz as it is (a re-run changes nothing in git) and
+    removes the plain file."""
+    lines = "".join(json.dumps(r) + "\n" for r in _rows(30)).encode()
+    path = tmp_path / "metrics.jsonl"
+    committed = subprocess.run(["gzip", "-n", "-9", "-c"], input=lines, capture_output=True, check=True).stdout
+    assert committed != compress_results.gzip_bytes(lines)   # else this test could not tell
+    (tmp_path / "metrics.jsonl.gz").write_bytes(committed)
+    path.write_bytes(lines)
+    assert "kept" in compress_results.compress(str(path))
+    assert (tmp_path / "metrics.jsonl.gz").read_bytes() == committed and not path.exists()
+
+
+@pytest.mark.parametrize("plain, why", [(_rows(3), "it holds 4 of 5 lines"),
+                                        ([*_rows(1), {"step": 2, "reward/mean": 0.0}, *_rows(5)[3:]],
+                                         "line 3 differs")], ids=["fewer", "other"])
+def test_compress_refuses_to_replace_a_gz_with_fewer_or_other_lines(tmp_path, monkeypatch, capsys, plain, why):
+    """A plain metrics.jsonl beside a .gz of steps 0..4: with steps 0..3 only, or with another step 2, it would lose
+    lines of the .gz. The command refuses with one line naming it and exit code 2, before writing anything (another
+    finished run in the same folder stays plain); the function raises the same line. The readers refuse the pair."""
+    gz_run = tmp_path / "res" / "clip-d0.05-s0"
+    _run(gz_run, 4, gz=True)
+    (gz_run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in plain))
+    (gz_run / "config.json").write_text(json.dumps({"max_steps": len(plain) - 1}))   # finished, as it says
+    other = _run(tmp_path / "res" / "clip-d0.05-s1", 4)
+    before = {p: p.read_bytes() for p in (tmp_path / "res").rglob("*") if p.is_file()}
+    monkeypatch.setattr(sys, "argv", ["compress_results.py", str(tmp_path / "res")])
+    assert compress_results.main() == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and f"{gz_run / 'metrics.jsonl'} does not continue" in err[0] and why in err[0], err
+    assert {p: p.read_bytes() for p in (tmp_path / "res").rglob("*") if p.is_file()} == before
+    assert os.path.isfile(other)
+    with pytest.raises(ValueError, match=why):
+        compress_results.compress(str(gz_run / "metrics.jsonl"))
+    with pytest.raises(ValueError, match="does not continue"):
+        read_jsonl(str(gz_run / "metrics.jsonl"))
 
 
 def test_compress_refuses_a_gz_that_lost_a_line(tmp_path, monkeypatch):
@@ -104,43 +146,54 @@ def test_compress_cli_leaves_an_unfinished_run(tmp_path, monkeypatch, capsys):
     assert os.path.isfile(running) and jsonl_path(done) == done + ".gz" and jsonl_path(str(loose)) == f"{loose}.gz"
 
 
-def test_extending_a_committed_run_keeps_its_steps(tmp_path, capsys):
-    """compare.py extends a run whose lines were gzipped with train.py --resume. train.py keeps the lines up to its
-    checkpoint and appends to a plain metrics.jsonl, which hides the .gz: compare.py first gives the run its plain
-    file back, so steps 0..4 stay beside the new 5..6. Without that (the control) only 5..6 would be left."""
+def test_resuming_a_committed_run_keeps_its_steps(tmp_path, capsys):
+    """A run whose lines were gzipped (its plain file gone) resumed by train.py from its checkpoint at step 4: the
+    plain metrics.jsonl it appends to begins with the .gz's steps 0..4, so every reader sees 0..6, and compressing
+    it replaces the .gz with the longer run. The same through compare.py, which also hands train.py the run."""
     import train
     from config import Config
 
     class A:
         runs_dir, max_steps, nproc, reward = str(tmp_path), 6, 1, None
 
-    for name in ("clip-d0.05-s0", "control"):
+    for name in ("clip-d0.05-s0", "clip-d0.05-s1"):
         _run(tmp_path / name, 4, gz=True)
         (tmp_path / name / "checkpoints" / "step_000004").mkdir(parents=True)   # a checkpoint kept beside it
-    run, plain = str(tmp_path / "clip-d0.05-s0"), str(tmp_path / "clip-d0.05-s0" / "metrics.jsonl")
+    run = str(tmp_path / "clip-d0.05-s0")
     assert compare.train_cmd(A, "clip", 0.05, 0, [], port=29601)[-4:] == ["--resume", run, "--max-steps", "6"]
-    assert os.path.isfile(plain) and read_jsonl(plain) == _rows(4)   # the plain file, back line for line
-    assert "has no checkpoint" not in capsys.readouterr().out
-    for d in (run, str(tmp_path / "control")):   # train.py at its checkpoint's step 4, writing steps 5 and 6
+    for d in (run, str(tmp_path / "clip-d0.05-s1")):   # train.py at its checkpoint's step 4, writing steps 5 and 6
+        plain = os.path.join(d, "metrics.jsonl")
         log, _ = train.open_run(Config(out_dir=d), 4)
         with log:
             log.writelines(json.dumps(r) + "\n" for r in _rows(6)[5:])
-    assert read_jsonl(plain) == _rows(6) and compare.finished(run, 6)
-    assert [r["step"] for r in read_jsonl(str(tmp_path / "control" / "metrics.jsonl"))] == [5, 6]
-    compress_results.compress(plain)   # the longer run replaces the committed .gz
-    assert jsonl_path(plain) == plain + ".gz" and read_jsonl(plain) == _rows(6)
+        assert read_jsonl(plain) == _rows(6) and compare.finished(d, 6)
+        compress_results.compress(plain)   # the longer run replaces the committed .gz
+        assert jsonl_path(plain) == plain + ".gz" and read_jsonl(plain) == _rows(6)
 
 
-def test_a_committed_run_without_a_checkpoint_is_said_to_train_again(tmp_path, capsys):
+def test_a_resume_that_would_rewrite_committed_steps_is_refused(tmp_path, capsys):
+    """A committed run of steps 0..4 with no checkpoint (or one at step 2) would start over (or at step 3) and write
+    steps its .gz holds again, with other numbers: train.py refuses with one line naming the .gz and exit code 2
+    before anything is loaded or written, and so does compare.py, which would hand it the run."""
+    import train
+    from machinery.jsonl import resumed_lines
+
     class A:
         runs_dir, max_steps, nproc, reward = str(tmp_path), 6, 1, None
 
     run = tmp_path / "clip-d0.05-s0"
     _run(run, 4, gz=True)
-    assert compare.train_cmd(A, "clip", 0.05, 0, [], port=29601)[-3] == str(run)
-    assert "has no checkpoint; train.py trains it again from step 0" in capsys.readouterr().out
-    # no plain file: train.py writes a new one from step 0 (keeping none of the old lines), the .gz stays until then
-    assert sorted(os.listdir(run)) == ["config.json", "metrics.jsonl.gz"]
+    with pytest.raises(SystemExit, match="has no checkpoint to continue its metrics.jsonl.gz from"):
+        compare.train_cmd(A, "clip", 0.05, 0, [], port=29601)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as e:
+        train.main(["--resume", str(run), "--max-steps", "6"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert e.value.code == 2 and len(err) == 1 and "metrics.jsonl.gz holds steps to 4" in err[0], err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    with pytest.raises(ValueError, match="would write steps 3..4 again"):
+        resumed_lines(str(run / "metrics.jsonl"), 2)
+    assert [json.loads(x)["step"] for x in resumed_lines(str(run / "metrics.jsonl"), 4)] == [0, 1, 2, 3, 4]
 
 
 def test_committed_table_reissues_from_the_compressed_runs(tmp_path):

@@ -2,8 +2,9 @@
 
 Claims checked: the main job runs with both rollout engines and writes the promised metrics, checkpoints and a
 Hugging Face export; FSDP2 with 2 ranks takes the same optimizer step as 1 rank on the same global batch; a run
-killed with SIGKILL resumes from its last checkpoint and ends where an uninterrupted run ends; bad flags fail with
-one line and exit code 2 before anything starts; two "nodes" on localhost rendezvous and train.
+killed with SIGKILL resumes from its last checkpoint, with another recomputation mode, and ends where an
+uninterrupted run ends; a gzipped run resumes with its metrics; bad flags fail with one line and exit code 2 before
+anything starts; two "nodes" on localhost rendezvous and train.
 """
 import json
 import math
@@ -199,8 +200,10 @@ def test_fsdp_two_ranks_equal_one_rank(tmp_path, rollout_is):
 
 @pytest.mark.smoke
 def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
-    """SIGKILL after the step-2 checkpoint, then --resume: same steps, same data position, same final weights; with
-    --keep-checkpoints 1 only the newest checkpoint is left, and the resumed run keeps that setting."""
+    """SIGKILL after the step-2 checkpoint, then --resume: same steps, same data position, same metrics; with
+    --keep-checkpoints 1 only the newest checkpoint is left, and the resumed run keeps that setting. The resume asks
+    for full recomputation where the run had none (time and memory, not the maths): it says so, runs it, and still
+    ends where the uninterrupted run ends."""
     args = ["--method", "bandkl", "--rollout", "hf", "--max-steps", "4", "--save-every", "2", "--keep-checkpoints",
             "1", "--eval-every", "0", "--no-export-hf", *FAST]
     full = tmp_path / "full"
@@ -221,9 +224,14 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     proc.wait()
     assert not (cut / "checkpoints" / "step_000004").exists()
 
-    r = torchrun(["--resume", str(cut), "--max-steps", "4"])
+    saved = json.loads((cut / "config.json").read_text())
+    assert saved["recompute"] == "none"
+    r = torchrun(["--resume", str(cut), "--max-steps", "4", "--recompute", "full"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout and "step_000002" in r.stdout
+    assert "from the command line --max-steps 4 --recompute full" in r.stdout, r.stdout
+    assert re.search(r"\| recompute full\b", r.stdout), r.stdout
+    assert json.loads((cut / "config.json").read_text())["recompute"] == "full"
     steps = [m["step"] for m in read_metrics(cut)]
     assert steps == [1, 2, 3, 4]
     assert os.listdir(full / "checkpoints") == os.listdir(cut / "checkpoints") == ["step_000004"]
@@ -239,16 +247,25 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
 def test_one_rank_checkpoint_resumes_on_two_ranks(tmp_path):
     """A one-rank checkpoint is written without DCP's collectives (checkpoint._alone); two ranks load it with theirs
     and reshard it: the weights they export after resuming (no step left to run) are the one-rank run's, bit for
-    bit."""
+    bit. The run's metrics were gzipped before the resume (scripts/compress_results.py, as a committed run's are):
+    the resumed run's metrics.jsonl holds them again, and every reader sees them."""
     from safetensors.torch import load_file
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import compress_results
+    from machinery.jsonl import read_jsonl
 
     run = tmp_path / "run"
     r = torchrun(["--method", "bandkl", "--rollout", "hf", "--max-steps", "1", "--save-every", "1", "--eval-every",
                   "0", *FAST, "--out-dir", str(run)], nproc=1)
     assert r.returncode == 0, r.stderr[-3000:]
     one = load_file(run / "hf" / "model.safetensors")
+    lines = read_metrics(run)
+    assert [m["step"] for m in lines] == [1]
+    compress_results.compress(str(run / "metrics.jsonl"))
     r = torchrun(["--resume", str(run), "--max-steps", "1"], nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert read_metrics(run) == read_jsonl(str(run / "metrics.jsonl")) == lines
     assert "resumed from" in r.stdout and "written by 1 ranks, resuming with 2" in r.stdout, r.stdout
     two = load_file(run / "hf" / "model.safetensors")
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)

@@ -1,9 +1,9 @@
 """train.py's pieces called in this process, beside the subprocess smoke tests of test_train.py.
 
-Claims checked: a non-finite loss skips the update and keeps the weights; a resumed run keeps its own config but takes
---keep-checkpoints; --share-prompt on part groups per rank exits 2 with one line before any engine starts; a one-rank
-checkpoint adds no thread and round-trips; the heap is kept only where the memory test finds room, and then freed
-blocks are reused without page faults.
+Claims checked: a non-finite loss skips the update and keeps the weights; a resumed run keeps its own config, takes
+the flags of time and memory and refuses others that differ; --share-prompt on part groups per rank exits 2 with one
+line before any engine starts; a one-rank checkpoint adds no thread and round-trips; the heap is kept only where the
+memory test finds room, and then freed blocks are reused without page faults.
 """
 import json
 import os
@@ -50,22 +50,41 @@ def test_non_finite_loss_skips_the_update_and_keeps_the_weights(monkeypatch):
         dist.destroy_process_group()
 
 
-def test_resume_keeps_its_own_config_but_takes_keep_checkpoints(tmp_path):
-    """A resumed run runs its saved settings whatever the flags say, except the run's length and --keep-checkpoints
-    (so an old run can start pruning); without the flag it keeps its own."""
+def test_resume_keeps_its_own_config_takes_speed_flags_and_refuses_others(tmp_path, capsys):
+    """A resumed run runs its saved settings. From the command line it takes, where given, the run's length,
+    --keep-checkpoints and how the update spends time and memory (--recompute, --pack, --compile-layers), and says
+    so on one line; without --max-steps it runs to its own end. A flag that would change the maths (--method, --lr)
+    with another value than the saved one is refused, naming it; with the saved value it is accepted."""
     import dataclasses
 
     import train
 
     run = tmp_path / "run"
     run.mkdir()
-    saved = train.Config(method="clip", seed=7, keep_checkpoints=3, max_steps=10, out_dir=str(run))
+    saved = train.resolve_config(train.Config(method="clip", seed=7, keep_checkpoints=3, max_steps=10,
+                                              out_dir=str(run), recompute="none", pack=True, compile_layers=False))
     (run / "config.json").write_text(json.dumps(dataclasses.asdict(saved)))
-    cfg = train.load_run_config(["--resume", str(run), "--max-steps", "20", "--method", "bandkl"])
+    cfg = train.load_run_config(["--resume", str(run), "--max-steps", "20", "--method", "clip"])
     assert (cfg.method, cfg.seed, cfg.keep_checkpoints, cfg.max_steps) == ("clip", 7, 3, 20)
-    cfg = train.load_run_config(["--resume", str(run), "--keep-checkpoints", "1"])
-    assert (cfg.method, cfg.keep_checkpoints) == ("clip", 1)
-
+    assert (cfg.recompute, cfg.pack, cfg.compile_layers) == ("none", True, False)
+    assert capsys.readouterr().out.strip() == (f"resuming {run}: the saved run's settings (config.json), and from the "
+                                               f"command line --max-steps 20")
+    cfg = train.load_run_config(["--resume", str(run), "--keep-checkpoints", "1", "--recompute", "full", "--no-pack",
+                                 "--compile-layers"])
+    assert (cfg.method, cfg.keep_checkpoints, cfg.max_steps) == ("clip", 1, 10)
+    assert (cfg.recompute, cfg.grad_checkpointing, cfg.pack, cfg.compile_layers) == ("full", True, False, True)
+    assert capsys.readouterr().out.strip().endswith(
+        "from the command line --keep-checkpoints 1 --recompute full --no-pack --compile-layers")
+    assert train.load_run_config(["--resume", str(run), "--grad-checkpointing"]).recompute == "full"
+    for flags, message in ((["--method", "bandkl"], "--method 'bandkl' with --resume: the run was saved with 'clip'"),
+                           (["--lr", "0.001"], "--lr 0.001 with --resume: the run was saved with 0.0001"),
+                           (["--out-dir", str(tmp_path / "other")], "a resumed run continues in its own directory")):
+        with pytest.raises(ValueError, match=message):
+            train.load_run_config(["--resume", str(run), *flags])
+    shared = dataclasses.replace(saved, share_prompt=True, pack=False)   # a shared prompt cannot be packed
+    (run / "config.json").write_text(json.dumps(dataclasses.asdict(shared)))
+    with pytest.raises(ValueError, match="--pack and --share-prompt do not combine"):
+        train.load_run_config(["--resume", str(run), "--pack"])
 
 
 @pytest.mark.parametrize("resumed", [False, True], ids=["explicit", "resumed"])
