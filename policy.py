@@ -222,7 +222,7 @@ def micro_batch_loss(model, mb, cfg, advantages, old_logp, ref_logp, norm, with_
 
 
 def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=None,
-                  old_entropy=None):
+                  old_entropy=None, reduce_each_micro_batch=False):
     """The optimizer steps of one rollout: this rank's rows in mini-batches, each in micro-batches.
 
     Mini-batch m is rows [m·B/M, (m+1)·B/M) of every rank. Each micro-batch's loss is divided by the
@@ -240,8 +240,13 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
     The first mini-batch runs before any optimizer step, so its ratio must be exactly 1: Σ|r − 1|
     over its tokens is logged (ratio/first_abs_dev): 0 by construction where π_old is this forward
     (on-policy, or filled in here); with a given π_old, 0 only if both passes ran the same kernels.
-    Host syncs: one per mini-batch (the skip decision), one more with --micro-batch-tokens (the
-    agreed counts). -> (sums, skipped updates, last grad norm).
+    Gradients accumulate whole (unsharded) over a mini-batch's micro-batches and are reduced across
+    ranks, and the weights resharded, once, after its last backward (`_reduce_on_last`); every rank
+    runs the same micro-batch count (plan_micro_batches), so all agree on which is last.
+    reduce_each_micro_batch: FSDP2's default instead, a reduce and a reshard after every backward (the
+    reference tests/test_two_ranks.py compares with). Host syncs: one per mini-batch (the skip
+    decision), one more with --micro-batch-tokens (the agreed counts). -> (sums, skipped updates,
+    last grad norm).
     """
     if old_logp is None and not on_policy(cfg):
         raise ValueError("old_logp is required when a rollout feeds several mini-batches "
@@ -267,7 +272,9 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
                     max_len=cfg.max_new_tokens)
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float64, device=device)
-        for rows_mb in mbs:
+        for j, rows_mb in enumerate(mbs):
+            if not reduce_each_micro_batch:
+                _reduce_on_last(model, last=j == len(mbs) - 1)
             mb = batch[rows_mb]
             fill = fill_first and m == 0  # π_old is this forward, detached
             old = None if old_logp is None or fill else old_logp[rows_mb]
@@ -289,6 +296,17 @@ def update_policy(model, optimizer, cfg, batch, advantages, old_logp, ref_logp=N
     lead = float(dist.get_rank() == 0)
     add({"n_minibatches": lead * (m + 1), "n_skipped": lead * skipped})
     return sums, skipped, float(grad_norm)
+
+
+def _reduce_on_last(model, last):
+    """Gradient accumulation without a reduce per micro-batch (as verl and torchtune accumulate): before
+    each backward but a mini-batch's last, FSDP2 keeps the gradient whole and in float32 on the
+    module (its reduce dtype; the weights stay gathered too), and the last backward reduces the sum
+    once. The same float32 sums in the same order on one rank (bit for bit); on N ranks each rank sums
+    its own micro-batches before the ranks' sum. It costs a whole float32 gradient on every rank beside
+    the shards, and the compute-dtype weights held between micro-batches (machinery/memory.py)."""
+    model.set_requires_gradient_sync(last)
+    model.set_reshard_after_backward(last)
 
 
 def _probe_sums(logp, old, entropy, mb, cfg, measured_here, first):

@@ -26,7 +26,9 @@ def update_memory(model_config, tokens, dtype_bytes, recompute="none", fused_hea
     """Bytes an update needs on one device, roughly, under `recompute` (machinery/model.set_recompute): the
     tensors a Llama/Qwen2 decoder layer keeps for its backward, per token (`layer_bytes`, eager or compiled), times
     layers and the micro-batch's tokens, plus 16 bytes per parameter (fp32 weights, gradients and the two AdamW
-    moments; sharding would divide these, which the estimate ignores), plus, for the fused head of packed
+    moments; sharding would divide these, which the estimate ignores) and 4 + b more (policy._reduce_on_last: the
+    float32 gradient accumulated whole over a mini-batch's micro-batches, on N ranks beside the shards, and the
+    compute-dtype weights held gathered from the first forward to the last backward), plus, for the fused head of packed
     micro-batches (logprobs._HeadLogprob), its float32 weight gradient (V x h) before it is cast to the weights'
     dtype, or for padded micro-batches their logits and gradient (`logits`: (rows, positions), `padded_logits_bytes`).
     On one H200 the measured peaks ran ~1.45x the saved tensors under both none and selective (docs/gpu.md): the
@@ -45,7 +47,7 @@ def update_memory(model_config, tokens, dtype_bytes, recompute="none", fused_hea
     head = 4 * model_config.vocab_size * model_config.hidden_size if fused_head else 0
     if logits is not None:
         head += padded_logits_bytes(model_config.vocab_size, *logits, dtype_bytes)
-    return tokens * kept + 16 * params + head
+    return tokens * kept + (16 + 4 + dtype_bytes) * params + head
 
 
 def layer_bytes(model_config, b, recompute="none"):

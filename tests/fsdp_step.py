@@ -53,9 +53,14 @@ SCENARIOS = {
     "pack-selective": dict(pack=True, micro_batch_tokens=BUDGET, recompute="selective"),
     "pack-full": dict(pack=True, micro_batch_tokens=BUDGET, recompute="full"),
     "pack-compiled": dict(pack=True, micro_batch_tokens=BUDGET, compile_layers=True),
+    # FSDP2's default accumulation, a reduce and a reshard after every micro-batch's backward: the reference of the
+    # update's one reduce per mini-batch (policy._reduce_on_last)
+    "budget-reduce-each": dict(micro_batch_tokens=BUDGET),
+    "bf16-budget-reduce-each": dict(train_dtype="bfloat16", micro_batch_tokens=BUDGET),
 }
+REDUCE_EACH = {"budget-reduce-each", "bf16-budget-reduce-each"}
 # π_old straight from the trainer's pass: the first mini-batch's ratio must then be exactly 1
-EXACT_OLD = {"bf16-budget", "bf16-pack"}
+EXACT_OLD = {"bf16-budget", "bf16-pack", "bf16-budget-reduce-each"}
 
 
 def base_config(**kw):
@@ -167,7 +172,8 @@ def scenario(name, out):
         ref, _ = policy.batch_logprobs(ref_model, cfg, batch)  # the reference pass
         res["ref_pass"] = gather_rows(ref, rows)
         ref = ref - 0.3 * noise  # π_θ away from π_ref: the KL term has a gradient
-    sums, skipped, _ = policy.update_policy(model, optimizer, cfg, batch, adv[rows], old, ref)
+    sums, skipped, _ = policy.update_policy(model, optimizer, cfg, batch, adv[rows], old, ref,
+                                            reduce_each_micro_batch=name in REDUCE_EACH)
     assert skipped == 0
     if name == "resume":  # checkpoint, second update; a fresh model from the checkpoint, the same
         run_dir = os.path.join(os.path.dirname(os.path.abspath(out)), f"run{train.WORLD}")

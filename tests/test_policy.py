@@ -370,3 +370,29 @@ def test_first_mini_batch_old_logprobs_from_its_update_forward(group, train_dtyp
     assert torch.equal(old0 * mask, old1 * mask) and torch.equal(ent0 * mask, ent1 * mask)
     assert sums0 == sums1
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gradients_reduced_once_after_the_last_micro_batch(group, dtype):
+    from torch.distributed.tensor import DTensor
+
+    """policy._reduce_on_last: before a mini-batch's last backward FSDP2 neither reduces nor reshards (the module
+    still holds its gathered, plain-tensor parameters; the gradient accumulates on them, in float32 under bf16 compute), and the last backward
+    reduces the sum into the sharded DTensor parameters: on one rank the same gradients, bit for bit, as FSDP2's reduce after
+    every backward (the same float32 sums in the same order; bf16 compute's gradients are summed in the float32
+    reduce dtype either way)."""
+    cfg = train.Config(model=rollout.DEFAULT_MODEL, train_dtype=dtype)
+    ids, attn, mask, P = batch(seed=2)
+    grads = []
+    for once in (True, False):
+        model = policy.build_model(cfg, torch.device("cpu"))
+        for j, rows in enumerate([slice(0, 2), slice(2, 4), slice(4, 6)]):
+            if once:
+                policy._reduce_on_last(model, last=j == 2)
+            logp, _ = logprobs.sequence_logprobs(model, ids[rows], attn[rows], P, 2)       # (2, T)
+            (logp * mask[rows]).sum().backward()
+            assert all(isinstance(p, DTensor) != (once and j < 2) for p in model.parameters())
+        grads.append({n: p.grad.full_tensor().clone() for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for n, g in grads[1].items():
+        assert torch.equal(grads[0][n], g), n
