@@ -108,10 +108,11 @@ def make_packing(lengths, device, kernel=None, windows=(None,), device_lengths=N
 def document_mask(doc, window=None):
     """FlexAttention's mask_mod: query q sees key k of its own row, k <= q, and, under a sliding
     window w, q - k < w (transformers' `sliding_window_overlay`: the last w keys, q's own among
-    them). doc (N,): the row of each packed token."""
-    if window is None:
-        return lambda b, h, q, k: (doc[q] == doc[k]) & (q >= k)
-    return lambda b, h, q, k: (doc[q] == doc[k]) & (q >= k) & (q - k < window)
+    them; None: w = N, no limit). doc (N,): the row of each packed token. The window is a tensor on
+    the device, not a constant of the graph: every layer's mask then runs one compiled kernel
+    (a constant recompiled per window, which Inductor's CPU template also failed to compile)."""
+    w = torch.full((), window or doc.numel(), dtype=doc.dtype, device=doc.device)   # () no copy
+    return lambda b, h, q, k: (doc[q] == doc[k]) & (q >= k) & (q - k < w)
 
 
 def model_windows(config):
