@@ -47,6 +47,7 @@ import reward
 import rollout
 from machinery.checkpoint import (checkpoint_step, export_hf, latest_checkpoint, load_checkpoint,
                                   prune_checkpoints, save_checkpoint)
+from machinery.flops import device_peak_tflops, mfu, model_flops
 from machinery.jsonl import resumed_lines
 from config import (Config, decide_grad_checkpointing, method_defaults, micro_batch_tokens,  # noqa: F401
                     parse_config, resolve_config, resumed_config, update_fits, update_memory_gb)
@@ -249,11 +250,14 @@ def open_run(cfg, start_step):
     return open(metrics_file, "a"), wandb_run
 
 
-def timing_metrics(times, n_tokens):
-    """The phase times {name: (start, end)}, response tokens per second and peak memory (rates of
-    the step's sums are grpo.finalize_metrics')."""
+def timing_metrics(times, sums, peak_tflops):
+    """The phase times {name: (start, end)}, response tokens per second, peak memory and `mfu`: the update's MFU,
+    its model FLOPs (machinery/flops.model_flops of every rank's rows) over the update phase's seconds on WORLD devices
+    of `peak_tflops`, not the whole step's (rollout, old log-probs, sync); absent where the peak is unknown (a CPU)."""
     metrics = {f"time/{name}": end - start for name, (start, end) in times.items()}
-    metrics["tokens_per_s"] = n_tokens / metrics["time/step"]
+    metrics["tokens_per_s"] = sums["n_tokens"] / metrics["time/step"]
+    if peak_tflops:
+        metrics["mfu"] = mfu(sums["sum_update_flops"], metrics["time/update"], peak_tflops * WORLD)
     metrics["memory/peak_rss_gb"] = peak_rss_gb()  # rank 0's process: trainer + colocated engine
     if torch.cuda.is_available():
         metrics["memory/peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -266,7 +270,8 @@ def console_line(metrics, cfg):
     return (f"step {metrics['step']} | reward {metrics['reward/mean']:.3f} | "
             f"entropy {metrics['entropy']:.3f} | "
             f"clip {metrics['clip/frac']:.3f} (hi {metrics['clip/frac_upper']:.3f}) | "
-            f"low-p hi {metrics['clip/low_p_upper_rate']:.3f}{acc} | {metrics['time/step']:.1f} s")
+            f"low-p hi {metrics['clip/low_p_upper_rate']:.3f}{acc} | {metrics['tokens_per_s']:.0f} tok/s"
+            + (f" | MFU {100 * metrics['mfu']:.1f}%" if "mfu" in metrics else "") + f" | {metrics['time/step']:.1f} s")
 
 
 def main(argv=None):
@@ -315,6 +320,7 @@ def main(argv=None):
     model = build_model(cfg, device)
     ref_model = build_model(cfg, device, trainable=False) if cfg.kl_coef > 0 else None
     optimizer = make_optimizer(model, cfg)
+    n_params, peak = sum(p.numel() for p in model.parameters()), device_peak_tflops(device)  # MFU's
     # the engine before the checkpoint: vLLM reseeds the global RNGs when it starts, the
     # checkpoint restores them
     engine = rollout.make_engine(cfg.rollout, cfg.model, tokenizer=tokenizer, seed=cfg.seed + RANK,
@@ -333,15 +339,12 @@ def main(argv=None):
     print0(f"train prompts: {len(train_records)} ({dropped} dropped as longer than "
            f"{cfg.max_prompt_len} tokens)")
     log, wandb_run = open_run(cfg, start_step)
-    print0(f"run dir {cfg.out_dir} | {WORLD} rank(s) on {device.type} | "
-           f"engine {type(engine).__name__} | method {cfg.method} delta {cfg.delta} | "
-           f"{cfg.train_dtype} trainer, {cfg.rollout_dtype} engine (gap {gap:.1e} nats/token) | "
-           f"recompute {cfg.recompute} ({why}; "
-           f"{free / 2**30:.0f} GB free on {device} per rank, least of {WORLD}, from "
-           f"{free_source}) | shared prompt {'on' if cfg.share_prompt else 'off'} | packed rows "
-           f"{'on, ' + packed_kernel(cfg, device) + ' attention' if cfg.pack else 'off'} | "
-           f"compiled layers {'on' if cfg.compile_layers else 'off'} | "
-           f"peak RSS {peak_rss_gb():.1f} GB")
+    print0(f"run dir {cfg.out_dir} | {WORLD} rank(s) on {device.type} | engine {type(engine).__name__} | "
+           f"method {cfg.method} delta {cfg.delta} | {cfg.train_dtype} trainer, {cfg.rollout_dtype} engine "
+           f"(gap {gap:.1e} nats/token) | recompute {cfg.recompute} ({why}; {free / 2**30:.0f} GB free on {device} "
+           f"per rank, least of {WORLD}, from {free_source}) | shared prompt {'on' if cfg.share_prompt else 'off'} | "
+           f"packed rows {'on, ' + packed_kernel(cfg, device) + ' attention' if cfg.pack else 'off'} | "
+           f"compiled layers {'on' if cfg.compile_layers else 'off'} | peak RSS {peak_rss_gb():.1f} GB")
 
     if start_step == 0 and cfg.eval_every:
         ev = validate(engine, tokenizer, eval_sets, cfg, 0)
@@ -379,6 +382,7 @@ def main(argv=None):
 
         # --- old and reference log-probs (old: the engine's, or the trainer's when off-policy) ---
         batch = pack(prompt_ids, completions, device)
+        stats["sum_update_flops"] = model_flops(model.config, n_params, *zip(*batch.spans))[0]
         old_logp = ref_logp = old_entropy = None
         if cfg.old_logp == "engine":  # the band is built around the engine's probability: no pass
             old_logp = batch.engine_logp
@@ -408,7 +412,7 @@ def main(argv=None):
                  "update": (t_logp, t_update), "sync": (t_update, t_sync),
                  "step": (t0, time.time())}
         metrics = {"step": step + 1, **grpo.finalize_metrics(sums),
-                   **timing_metrics(times, sums["n_tokens"]), "update/grad_norm": grad_norm}
+                   **timing_metrics(times, sums, peak), "update/grad_norm": grad_norm}
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps):
             metrics.update(validate(engine, tokenizer, eval_sets, cfg, step + 1))
         metrics["time/step"] = time.time() - t0  # with the evaluation

@@ -8,7 +8,7 @@ its own longest row), with token budgets (--micro-batch-tokens: rows sorted by l
 packed (--pack: each micro-batch's rows end to end without padding, <= N real tokens), interleaved A/B/A/B, the
 first repetition of each dropped. Per setting: padded vs real tokens (prompt + response), real tokens per second, peak memory (RSS
 growth of this process on CPU, max allocated on CUDA), and the activation-checkpointing decision the update ran
-with. On a GPU it also prints MFU on real tokens (`model_flops`, printed with the table, over the GPU's peak
+with. On a GPU it also prints MFU on real tokens (machinery/flops.model_flops, printed with the table, over the GPU's peak
 bf16 FLOP/s, recomputation not counted). The loss is the same in every setting (the normalisers are global):
 the benchmark checks the summed loss agrees to float32 rounding.
 
@@ -51,21 +51,6 @@ def make_batch(rows, prompt_len, max_new, mean, vocab, seed):
                                                                             generator=g)
         attn[b, prompt_len - prompt[b]:prompt_len + resp[b]] = 1
     return RolloutBatch(ids, attn, attn[:, prompt_len:].float(), prompt_len), resp
-
-
-def model_flops(conf, n_params, prompt, resp):
-    """Model FLOPs of one update (forward + backward = 3 forwards) of rows with `prompt` and `resp` (R,) real tokens:
-    2 per matmul parameter and token, the LM head on the response positions only, causal attention 2 S^2 d per layer
-    (S = p + r); the input embedding is a lookup, no FLOPs: its weight counts once as the head where tied, and is left
-    out where untied (counting it on every token overstates an untied 7B by ~7-9%). -> (FLOPs, the formula)."""
-    h, V, L = conf.hidden_size, conf.vocab_size, conf.num_hidden_layers
-    d = getattr(conf, "head_dim", None) or h // conf.num_attention_heads
-    d = d * conf.num_attention_heads
-    body = n_params - V * h * (1 if conf.tie_word_embeddings else 2)  # decoder layers and norms
-    S = prompt.double() + resp.double()
-    flops = float(3 * (2 * body * S + 2 * h * V * resp + 2 * L * S * S * d).sum())
-    return flops, (f"3 x sum over rows (2 x {body / 1e6:.1f} M decoder params x S + 2 x {h} x {V} (head) x response"
-                   f" + 2 x {L} layers x S^2 x {d}), embedding {'tied: counted as the head' if conf.tie_word_embeddings else 'untied: a lookup, not counted'}")
 
 
 def padded_tokens(batch, cfg):
@@ -128,6 +113,7 @@ def main():
     import torch.distributed as dist
 
     from machinery import memory
+    from machinery.flops import device_peak_tflops, model_flops
     import policy
     import train
     from transformers import AutoConfig
@@ -182,8 +168,7 @@ def main():
     real = int(batch.attn.sum())  # prompt + response tokens: what the forward and backward really process
     prompt_lens = torch.tensor([s[0] for s in batch.spans])
     n_params = sum(p.numel() for p in next(iter(models.values()))[0].parameters())
-    peak_flops = {"H100": 989e12, "H200": 989e12}.get(
-        next((k for k in ("H100", "H200") if device.type == "cuda" and k in torch.cuda.get_device_name()), ""), None)
+    peak_flops = (device_peak_tflops(device) or 0) * 1e12  # machinery/flops.py's table; 0: no MFU column
     cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "?")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()

@@ -39,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_common as common  # noqa: E402
 from gpu_common import QWEN25_1_5B, ROOT, SMOLLM2, TINY, TOY_QWEN, log_path, run_cmd  # noqa: E402
+from machinery.flops import bf16_peak_tflops  # noqa: E402 (ROOT on sys.path: gpu_common)
 
 CORE = ("tests", "pack", "update", "band", "train")
 VLLM = ("rollout", "step", "sleep", "vllm", "train_vllm", "smollm2")  # where vLLM imports and their budget is left
@@ -296,7 +297,7 @@ def main():
     if args.device == "cuda":  # properties only: no CUDA context in this process, the sections make their own
         gpu = torch.cuda.get_device_properties(0)
         machine.update(gpu=gpu.name, gpu_memory_gb=round(gpu.total_memory / 2**30, 1), sm=f"{gpu.major}.{gpu.minor}",
-                       bf16_peak_tflops=common.bf16_peak_tflops(gpu.name) or "unknown")
+                       bf16_peak_tflops=bf16_peak_tflops(gpu.name) or "unknown")
     report = {"command": " ".join(["scripts/gpu_check.py", *sys.argv[1:]]),
               "started": time.strftime("%Y-%m-%d %H:%M:%S"),
               "machine": machine, "wheels": wheels, "staged": staged, "deadline_s": deadline, "sections": {}}

@@ -17,8 +17,9 @@ roofline_fraction = floor_s / measured seconds (1 = at the roofline).
 import tempfile
 import time
 
-from gpu_common import (QWEN25_1_5B, bf16_peak_tflops, device_name, hbm_tb_s, log_path, process_group, progress,
-                        random_model, rollout_tokens_per_s, run_metrics, torchrun_train)
+from gpu_common import (QWEN25_1_5B, device_name, hbm_tb_s, log_path, process_group, progress, random_model,
+                        rollout_tokens_per_s, run_metrics, torchrun_train)
+from machinery.flops import bf16_peak_tflops
 
 # the section's shapes: prompts x samples x new tokens after prompts of P tokens
 FULL = dict(model=QWEN25_1_5B, prompts=64, n=8, new=1024, P=256)
@@ -166,7 +167,10 @@ def section_step(args, size, out):
     return {"steps": steps, "steps_averaged": [m["step"] for m in later], "time_split_s": split,
             "bound_by": max(("rollout", "logprobs", "update", "sync"), key=split.get),
             "tokens_per_s": round(mean("tokens_per_s"), 1),
+            # train.py's mfu: the update's model FLOPs over its seconds (null on a GPU not in machinery/flops.py)
+            "update_mfu": round(mean("mfu"), 4) if all("mfu" in m for m in later) else None,
             "rollout_tokens_per_s": round(sum(rollout_tokens_per_s(later, config)) / len(later), 1),
             "response_length_mean": round(mean("response_length/mean"), 1),
             "settings": {k: config.get(k) for k in ("train_dtype", "rollout_dtype", "pack", "recompute",
-                                                    "compile_layers", "micro_batch_tokens", "old_logp")}}
+                                                    "compile_layers", "compile_head", "micro_batch_tokens",
+                                                    "old_logp")}}

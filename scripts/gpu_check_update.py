@@ -13,10 +13,9 @@ import tempfile
 
 import torch
 
-from bench_lengths import model_flops
 from gpu_check_timing import Phases, profiled, summarize
-from gpu_common import bf16_peak_tflops, device_name, log_path, mfu, now, process_group, progress, random_model, \
-    run_cmd, train_config
+from gpu_common import device_name, log_path, now, process_group, progress, random_model, run_cmd, train_config
+from machinery.flops import bf16_peak_tflops, mfu, model_flops
 
 
 def long_tailed_batch(conf, R, P, T, device):
@@ -254,7 +253,7 @@ def section_update(args, size, out):
         if "sum_first_abs_dev" in sums:
             first.append(float(sums["sum_first_abs_dev"] / sums["n_first_tokens"]))
     logp_s, update_s = (min(t[i] for t in times[1:]) for i in (0, 1))
-    # model FLOPs (MFU: checkpointing's recompute not counted): bench_lengths.model_flops, the embedding a lookup
+    # model FLOPs (MFU: checkpointing's recompute not counted): machinery/flops.model_flops, the embedding a lookup
     flops, formula = model_flops(conf, n_params, torch.full((B,), P), torch.full((B,), T))
     name = device_name(device)
     peak = bf16_peak_tflops(name) if device.type == "cuda" else None

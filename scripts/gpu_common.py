@@ -1,13 +1,13 @@
 """GPU check, the helpers its section files share (gpu_check.py, gpu_check_update.py, gpu_check_vllm.py): the
 carried wheels and staged packages, subprocesses that a budget can stop, the one-rank process group, train.py under
-torchrun with a resume, the model shapes and the dense bf16 peaks that MFU is measured against. Each section file
-imports from here and from no other section file.
+torchrun with a resume, the model shapes and the HBM bandwidths of the rollout's roofline (the bf16 peaks and MFU:
+machinery/flops.py, which train.py's console shares). Each section file imports from here and from no other section
+file.
 """
 import contextlib
 import importlib.metadata
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -31,19 +31,8 @@ QWEN25_1_5B = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=1
 TOY_QWEN = dict(QWEN25_1_5B, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
                 vocab_size=4096)
 
-# Dense bf16 tensor-core peaks in TFLOPS (the datasheets print twice these, "with sparsity"): NVIDIA's H100 datasheet
-# (SXM 1,979, PCIe 1,513, NVL 1,671 sparse), H200 datasheet (SXM 1,979, NVL 1,671 sparse), A100 datasheet (312
-# dense, SXM4 and PCIe, 40 and 80 GB). Keyed by torch.cuda.get_device_name() exactly as each reports it: "NVIDIA H100
-# 80GB HBM3" is the SXM card, the H200 SXM reports "NVIDIA H200"; A100s by prefix ("NVIDIA A100-SXM4-80GB", "NVIDIA
-# A100 80GB PCIe", ...). Exact names, so that a MIG slice ("... MIG 1g.10gb"), an H800 or a GH200 gets no peak
-# (MFU unknown) rather than a whole card's.
-BF16_PEAK_TFLOPS = {"NVIDIA H100 80GB HBM3": 989, "NVIDIA H100 PCIe": 756, "NVIDIA H100 NVL": 835,
-                    "NVIDIA H200": 989, "NVIDIA H200 NVL": 835}
-A100 = re.compile(r"NVIDIA A100[- ](SXM4-(40|80)GB|PCIE-40GB|80GB PCIe)")
-
-
-# HBM bandwidth in TB/s (10^12 bytes/s), the same datasheets, keyed alike: H100 SXM 3.35, PCIe 2.0, NVL 3.9; H200
-# SXM and NVL 4.8; A100 80GB SXM4 2.039, 80GB PCIe 1.935, 40GB 1.555. The rollout section's roofline.
+# HBM bandwidth in TB/s (10^12 bytes/s), the datasheets of machinery/flops.py's bf16 peaks, keyed alike: H100 SXM
+# 3.35, PCIe 2.0, NVL 3.9; H200 SXM and NVL 4.8; A100 80GB SXM4 2.039, 80GB PCIe 1.935, 40GB 1.555. The rollout section's roofline.
 HBM_TB_S = {"NVIDIA H100 80GB HBM3": 3.35, "NVIDIA H100 PCIe": 2.0, "NVIDIA H100 NVL": 3.9, "NVIDIA H200": 4.8,
             "NVIDIA H200 NVL": 4.8, "NVIDIA A100-SXM4-80GB": 2.039, "NVIDIA A100 80GB PCIe": 1.935,
             "NVIDIA A100-SXM4-40GB": 1.555, "NVIDIA A100-PCIE-40GB": 1.555}
@@ -52,17 +41,6 @@ HBM_TB_S = {"NVIDIA H100 80GB HBM3": 3.35, "NVIDIA H100 PCIe": 2.0, "NVIDIA H100
 def hbm_tb_s(name):
     """The HBM bandwidth of the GPU that torch names `name`, or None where it is not in the table."""
     return HBM_TB_S.get(name.strip())
-
-
-def bf16_peak_tflops(name):
-    """The dense bf16 peak of the GPU that torch names `name`, or None where it is not in the table."""
-    name = name.strip()
-    return BF16_PEAK_TFLOPS.get(name) or (312 if A100.fullmatch(name) else None)
-
-
-def mfu(flops, seconds, peak_tflops):
-    """Model FLOPs per second over the peak; None where the peak is unknown (never a guessed number)."""
-    return round(flops / seconds / (peak_tflops * 1e12), 4) if peak_tflops else None
 
 
 # --- wheels and staged packages -------------------------------------------------------------------------------------
@@ -297,6 +275,7 @@ def train_and_resume(out, steps, engine, name):
         "steps": [m["step"] for m in steps],
         "time_split_s": {k[5:]: round(mean(k), 4) for k in steps[0] if k.startswith("time/")},
         "tokens_per_s": round(mean("tokens_per_s"), 1),
+        "update_mfu": round(mean("mfu"), 4) if all("mfu" in m for m in later) else None,  # null: a CPU, an unknown GPU
         "rollout_tokens_per_s": round(sum(rollout_tokens_per_s(later, config)) / len(later), 1),
         "peak_memory_gb": max(m.get("memory/peak_gpu_gb", m.get("memory/peak_rss_gb", 0.0)) for m in steps),
         "rollout_logprob_diff": {"mean": mean("rollout/logprob_diff"),

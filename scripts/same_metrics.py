@@ -3,7 +3,7 @@
 A change that should not change what a run computes (a refactor, a reflow) is checked by running the
 same command at both commits with the same seed and comparing the runs' metrics here: every value
 must be equal, bit for bit (compared by its JSON text, so a NaN equals a NaN and 0.0 is not -0.0),
-except the timings (time/*, memory/*, tokens_per_s), which no two runs share. Exit 0 if they are,
+except the timings (time/*, memory/*, tokens_per_s, mfu), which no two runs share. Exit 0 if they are,
 1 if not, printing the first 20 differences. On CPU in float32 a run is deterministic; GPU kernels
 need not be.
 
@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from machinery.jsonl import read_jsonl  # noqa: E402
 
-TIMINGS = ("time/", "memory/", "tokens_per_s")
+TIMINGS = ("time/", "memory/", "tokens_per_s", "mfu")
 MISSING = "<missing>"
 
 

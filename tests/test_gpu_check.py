@@ -1,5 +1,5 @@
 """scripts/gpu_check.py in its CPU mode (`--device cpu --quick`): the same code paths as on a GPU, toy sizes, gloo;
-and, fast, its command line, its process control and the MFU peaks it matches GPU names against.
+and, fast, its command line and its process control (the MFU peaks it matches GPU names against: test_flops.py).
 
 Claims checked on its report.json: every section is there with numbers (or, for vLLM, a recorded skip); the float32
 Band bounds agree with float64 within what float32 rounding allows (derived below, not read off a run); the first
@@ -288,22 +288,6 @@ def test_unknown_section_is_one_line_and_exit_code_2(tmp_path):
         assert r.returncode == 2 and r.stdout == "", r
         assert r.stderr.count("\n") == 1 and "'bogus'" in r.stderr and "tests, pack, update" in r.stderr, r.stderr
     assert not (tmp_path / "x").exists()
-
-
-def test_bf16_peaks_by_device_name():
-    """MFU's denominator from torch.cuda.get_device_name(): the names the cards report, each to its dense bf16 peak;
-    a name not in the table (a MIG slice, an H800, a GH200, an L40S, a CPU) gets none, so MFU reads unknown."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    from gpu_common import bf16_peak_tflops
-
-    known = {"NVIDIA H100 80GB HBM3": 989, "NVIDIA H100 PCIe": 756, "NVIDIA H100 NVL": 835, "NVIDIA H200": 989,
-             "NVIDIA H200 NVL": 835, "NVIDIA A100-SXM4-80GB": 312, "NVIDIA A100-SXM4-40GB": 312,
-             "NVIDIA A100-PCIE-40GB": 312, "NVIDIA A100 80GB PCIe": 312}
-    for name, peak in known.items():
-        assert bf16_peak_tflops(name) == peak, name
-    for name in ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "NVIDIA H800", "NVIDIA GH200 480GB", "NVIDIA L40S",
-                 "NVIDIA H200 PCIe", "NVIDIA A10", "CPU", ""):
-        assert bf16_peak_tflops(name) is None, name
 
 
 def test_a_stopped_section_takes_its_processes_with_it():

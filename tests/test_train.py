@@ -147,7 +147,8 @@ def test_python_train_py_one_process_bf16(tmp_path):
     (a probe that compared the trainer with itself would read 0). That the trainer's no-grad π_old pass and the
     update run the same kernels in bf16 (the first mini-batch's ratio exactly 1) is tests/test_policy.py's
     test_first_mini_batch_old_logprobs_from_its_update_forward and tests/test_two_ranks.py's bf16-budget: here the
-    first mini-batch's π_old is the update's own forward, so ratio/first_abs_dev is 0 by construction."""
+    first mini-batch's π_old is the update's own forward, so ratio/first_abs_dev is 0 by construction. Each step's line
+    and metrics.jsonl give its tokens/s, and no MFU: a CPU has no peak to measure it against."""
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "train.py", "--max-steps", "2", "--eval-every", "0", "--no-export-hf",
                         "--train-dtype", "bfloat16", "--rollout-dtype", "bfloat16", "--out-dir", str(run), *SHAPE],
@@ -162,6 +163,10 @@ def test_python_train_py_one_process_bf16(tmp_path):
     for m in steps:  # two mini-batches per rollout (SHAPE): the second's π_old comes from the no-grad pass
         assert math.isfinite(m["loss"]) and m["update/skipped"] == 0
         assert 0 < m["rollout/logprob_diff"] < math.inf, m["rollout/logprob_diff"]
+        # speed: response tokens per second always; no MFU on a CPU (no peak in machinery/flops.py), not a guess
+        assert m["tokens_per_s"] > 0 and "mfu" not in m, m
+    lines = [x for x in r.stdout.splitlines() if x.startswith("step ") and "reward" in x]
+    assert len(lines) == 2 and all(" tok/s | " in x and "MFU" not in x for x in lines), r.stdout
     # that bf16 really computes (bf16 logits on fp32 master weights) is checked in test_policy.py
 
 
