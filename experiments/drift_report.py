@@ -6,8 +6,8 @@ experiments/results/drift-toy/plan.md, fixed before the replication's data (drif
 are the units (a seed's reading is the mean over its branch points of a contrast paired within each branch point,
 so the interval carries the clustering of branch points by seed), a family of contrasts on dH_probe read through
 Bonferroni t intervals (paired_stats.t_of) on K - 1 df, each against 0 and its equivalence margin, the collapse
-yardstick c fixed. `--rules smollm2` reads by experiments/results/drift-smollm2/plan.md instead: the same family
-and rules, its own margins, c and K, and "cannot test" where the clip bounded under 1% of an update's tokens.
+yardstick c fixed. `--rules smollm2` reads by experiments/results/drift-smollm2/plan.md instead: its two primary contrasts under
+Holm (drift_rules.holm_lines), its c and K, and "cannot test" where the clip bounded under 1% of an update's tokens.
 Everything else (dH_probe_is with its effective sample size and a sign interval for the median, dH_train, the
 other differences, the anatomy) is labelled exploratory, at 95%.
 
@@ -164,12 +164,14 @@ def report(rows, subset=None, segment=None, plan=None, rules=TOY):
            f"Arms: {', '.join(arms)}. Rules: {plan or rules.plan}. Units: seeds (a seed's reading "
            f"is the mean over its branch points of a difference paired within each branch point; the design effect "
            f"is the variance inflation from clustering by seed, which the seed-mean interval carries). The family "
-           f"of {len(rules.family)} contrasts on dH_probe is read through {LEVEL:.3%} t intervals (Bonferroni, "
-           f"0.05 / {len(rules.family)}) on K - 1 df over the seed means; every other number is exploratory, 95%. "
+           f"of {len(rules.family)} contrasts on dH_probe is read through {rules.level:.3%} t intervals "
+           + (f"(Holm's first step, 0.05 / {len(rules.family)}; the next at 95%)" if rules.primary else
+              f"(Bonferroni, 0.05 / {len(rules.family)})") +
+           " on K - 1 df over the seed means; every other number is exploratory, 95%. "
            f"Values in 1e-4 nats per token per rollout unless said. Probe entropy at the branch points: "
            f"{H_probe:.3f} nats per token (mean). Margins: ±{rules.sesoi * 1e4:.2f}e-4 (the smallest effect of "
-           f"interest), the "
-           f"interaction ±{rules.interaction * 1e4:.2f}e-4; collapse-sized drift c = {rules.collapse_note[0]} = "
+           f"interest)" + ("" if rules.primary else f", the interaction ±{rules.interaction * 1e4:.2f}e-4") +
+           f"; collapse-sized drift c = {rules.collapse_note[0]} = "
            f"{rules.collapse * 1e4:.2f}e-4 (fixed: {rules.collapse_note[1]}).", ""]
     if any(r.get("flip") == "pair" for r in rows):
         out += ["Antithetic coins: every line is the mean of an arm's readings on the drawn coins and on the same "
@@ -194,7 +196,7 @@ def report(rows, subset=None, segment=None, plan=None, rules=TOY):
         ess_cell = f"{sum(ess) / len(ess):.3f} ({min(ess):.3f})" if ess else "–"
         out.append(f"| {arm} | {len(sub)} | " + " | ".join(cells) + f" | {ess_cell} | {up:.1f} / {down:.1f} |")
     # --- the family ---
-    out += ["", f"## The family (confirmatory): dH_probe, {LEVEL:.3%} t intervals", "",
+    out += ["", f"## The family (confirmatory): dH_probe, {rules.level:.3%} t intervals", "",
             "| contrast | seeds | mean ± half | d_z | design effect | margin | label |",
             "|---|---|---|---|---|---|---|"]
     diffs = {}
@@ -203,8 +205,8 @@ def report(rows, subset=None, segment=None, plan=None, rules=TOY):
             out.append(f"| {name} | 0 | not run | | | ±{margin * 1e4:.2f} | |")
             continue
         seeds, values = contrast(data, weights, "dH_probe")
-        m, half, n, sd = t_of(seeds, LEVEL)
-        diffs[name] = (m, half)
+        m, half, n, sd = t_of(seeds, rules.level)
+        diffs[name] = (m, half) + ((t_of(seeds)[1],) if rules.primary else ())   # Holm's later steps: 95%
         dz = m / sd if sd else math.nan
         deff = design_effect(seeds, values) if n > 1 else math.nan
         out.append(f"| {name} | {n} | {fmt(m, half)} | {dz:+.2f} | {deff:.1f} | ±{margin * 1e4:.2f} | "

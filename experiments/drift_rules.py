@@ -61,6 +61,7 @@ class Rules:
     collapse_note: tuple  # (its formula, where its entropy comes from)
     k: int
     acted: float | None = None
+    primary: tuple | None = None  # ((name, weights), ...): a plan's own family, read by Holm (holm_lines)
 
     @property
     def interaction(self):
@@ -68,7 +69,14 @@ class Rules:
 
     @property
     def family(self):
+        if self.primary:
+            return tuple((name, weights, self.sesoi) for name, weights in self.primary)
         return family(self.sesoi, self.interaction)
+
+    @property
+    def level(self):
+        """The family's intervals: 1 - 0.05 / its size (Bonferroni; under Holm, the first step's level)."""
+        return 1 - 0.05 / len(self.family)
 
     @property
     def exploratory(self):
@@ -79,12 +87,18 @@ class Rules:
 TOY = Rules("experiments/results/drift-toy/plan.md", SESOI, COLLAPSE,
             (f"0.9 x {COLLAPSE_H1:.3f} / 300", f"GRPO's step-1 entropy over {COLLAPSE_RUNS} committed coin runs"),
             CONFIRM_K)
-# experiments/results/drift-smollm2/plan.md: the toy's definitions on SmolLM2's probe entropy, H = 2.628 nats per
-# token (the pilot's mean at its branch points): SESOI = H / 2 / 300, c = 0.9 H / 300; 48 seeds; the clip must
-# bound at least 1% of an update's tokens (the pilot: 2.9-4.5%)
+# experiments/results/drift-smollm2/plan.md (lean): the toy's definitions on SmolLM2's probe entropy, H = 2.628 nats
+# per token (the pilot's mean at its branch points): SESOI = H / 2 / 300 (named, too small to decide here), c = 0.9 H
+# / 300; 12 seeds; two primary contrasts under Holm; the clip must bound at least 1% of an update's tokens
 SMOLLM2_H = 2.628
 SMOLLM2 = Rules("experiments/results/drift-smollm2/plan.md", round(SMOLLM2_H / 2 / 300, 6), 0.9 * SMOLLM2_H / 300,
-                (f"0.9 x {SMOLLM2_H} / 300", "the SmolLM2 pilot's mean probe entropy"), 48, acted=0.01)
+                (f"0.9 x {SMOLLM2_H} / 300", "the SmolLM2 pilot's mean probe entropy"), 12, acted=0.01,
+                primary=(("bandkl − clip", {"bandkl": 1, "clip": -1}), ("clip − noclip", {"clip": 1, "noclip": -1})))
+# what each primary contrast's sign says, in the plan's words
+HOLM_WORDS = {"bandkl − clip": ("Band-KL lowers the entropy change against the clip (against the paper's direction)",
+                                "Band-KL raises the entropy change against the clip (the paper's direction)"),
+              "clip − noclip": ("the clip drains the entropy against no clip",
+                                "the clip raises the entropy against no clip")}
 RULES = {"toy": TOY, "smollm2": SMOLLM2}
 
 
@@ -127,11 +141,35 @@ def _interval(m, half):
     return f"{fmt(m, half)}e-4, [{(m - half) * 1e4:+.2f}, {(m + half) * 1e4:+.2f}]"
 
 
+def holm_lines(diffs, rules):
+    """A lean plan's readings: Holm over its primary contrasts at familywise 0.05, from {name: (mean, half-width at
+    rules.level, half-width at 95%)}. The contrast furthest from 0 in half-widths is read first, at rules.level; where
+    its interval excludes 0 the next is read at 95% (two contrasts), else it and every later one are unresolved.
+    Each line gives the rules.level interval and whether it excludes a collapse-sized effect ±c."""
+    if len(rules.family) != 2:
+        raise ValueError(f"holm_lines reads two primary contrasts, not {len(rules.family)}")
+    named = [(n, *diffs[n]) for n, _, _ in rules.family if n in diffs and not math.isnan(diffs[n][1])]
+    named.sort(key=lambda x: -abs(x[1]) / x[2] if x[2] else -math.inf)
+    out, open_, c = [], True, rules.collapse
+    for step, (name, m, half, half95) in enumerate(named):
+        at, h = (rules.level, half) if step == 0 else (0.95, half95)
+        excluded = open_ and abs(m) > h
+        open_ = excluded
+        what = HOLM_WORDS.get(name, ("below 0", "above 0"))[m > 0] if excluded else "unresolved"
+        reach = ("excludes a collapse-sized effect" if m - half > -c and m + half < c else
+                 "does not exclude a collapse-sized effect")
+        out.append(f"- {name}: {_interval(m, half)} ({rules.level:.1%}): **{what}** (Holm step {step + 1}, at "
+                   f"{at:.1%}); the interval {reach} (±c = ±{c * 1e4:.2f}e-4)")
+    return out
+
+
 def verdict_lines(diffs, kl_ratio=None, rules=TOY):
     """The plan's readings from the family {name: (mean, half at LEVEL)} on dH_probe, and noclip-matched's KL over
     the clip's (None: not run). A side "drains" where its interval lies below 0 (by less than the margin where it
     lies within it too); "Band removes the upper side's drain" needs the upper side to drain, Band-KL − clip-upper
-    above 0 and Band-KL − no-clip within ±SESOI (the rules' margins and c)."""
+    above 0 and Band-KL − no-clip within ±SESOI (the rules' margins and c). A lean plan's: `holm_lines`."""
+    if rules.primary:
+        return holm_lines(diffs, rules)
     out, c, sesoi, inter = [], rules.collapse, rules.sesoi, rules.interaction
 
     def get(name):

@@ -7,7 +7,7 @@ running GRACE seconds past them is stopped with everything it started; its unfin
 finished seeds' lines are copied to OUT/seeds, where `--merge-into` reads them:
 
     timeout 560 python3 scripts/gpu_drift.py --minutes 7 --jobs 6 --out runs/gpu-drift       # on the machine
-    python experiments/drift.py --out runs/gpu-drift --branches 10 \\
+    python experiments/drift.py --out runs/gpu-drift --branches 5 \\
         --merge-into experiments/results/drift-smollm2/pairs.jsonl.gz                      # here, whole seeds only
 
 As scripts/gpu_check.py does, it first installs the carried wheels the machine lacks (`.whl/gpu`: math-verify for
@@ -30,8 +30,8 @@ from gpu_common import ROOT, SMOLLM2, install_staged, install_wheels, kill_tree,
 from machinery.jsonl import jsonl_path, read_appended, read_jsonl  # noqa: E402  (gpu_common put ROOT on the path)
 
 TARGET = "experiments/results/drift-smollm2/pairs.jsonl.gz"
-# the plan's run, word for word: seeds 0-47 x 10 branch points, six arms, float32, the pilot's shape
-PLAN = dict(seeds=range(48), branches=10, arms="clip,noclip,clip-upper,clip-lower,noclip-matched,bandkl",
+# the plan's run, word for word: seeds 0-11 x 5 branch points, three arms, float32, the pilot's shape
+PLAN = dict(seeds=range(12), branches=5, arms="clip,bandkl,noclip",
             probe=("16", "2"), train=[
                 "--model", SMOLLM2, "--data", "arithmetic-instruct:1,3", "--prompts-per-step", "4",
                 "--group-size", "16", "--mini-batch-prompts", "1", "--micro-batch-size", "16",

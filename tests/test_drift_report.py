@@ -134,28 +134,49 @@ def test_brake_and_step_by_hand():
     assert "per-token shape" not in r
 
 
-def test_smollm2_rules_by_hand():
-    """The SmolLM2 plan's numbers from its pilot's probe entropy H = 2.628 nats per token: SESOI = H / 2 / 300 =
-    0.00438, c = 0.9 H / 300 = 0.007884, the interaction's margin half the SESOI; 48 seeds. clip − no-clip at
-    -50e-4 drains (past ±43.8) with no collapse-sized drain (-50 > -c = -78.84); at -40 it drains by less than the
-    margin; the toy's rules read the same -50 as a collapse-sized drain not excluded (c 4.71). An update whose
-    clip held 5 of 1,000 tokens (0.5%, under the plan's 1%) reads "cannot test" and no contrast; 20 (2%) is read."""
+def _lean_rows(clip_noclip, bandkl_clip, clipped=20):
+    """3 seeds x 2 branch points: per seed s, clip − noclip is clip_noclip[s] and bandkl − clip bandkl_clip[s] (e-4) at
+    both branch points (a noise shared by every arm cancels), each update 1,000 tokens, `clipped` held by the clip."""
+    rows = []
+    for seed in range(3):
+        for step in range(2):
+            noise = 1e-4 * ((seed * 7 + step * 3) % 5)
+            clip = clip_noclip[seed] * 1e-4
+            for arm, v in (("noclip", 0.0), ("clip", clip), ("bandkl", clip + bandkl_clip[seed] * 1e-4)):
+                rows.append({"seed": seed, "step": step, "arm": arm, "dH_probe": v + noise, "dH_probe_is": v + noise,
+                             "dH_train": v, "kl": 50e-4, "H_probe": 2.6, "ess": 0.5, "tokens": 1000,
+                             "n_upper": clipped if arm == "clip" else 0, "n_lower": 0,
+                             "cells": [{"p": [0.0, 1.0], "adv": "+", "tokens": 1, "dlogp_sum": 0.0, "dH_sum": 0.0,
+                                        "up": 0, "down": 0}]})
+    return rows
+
+
+def test_smollm2_lean_rules_by_hand():
+    """The lean SmolLM2 plan: SESOI = H / 2 / 300 = 0.00438 and c = 0.9 H / 300 = 0.007884 from the pilot's H = 2.628;
+    12 seeds; Holm over bandkl − clip and clip − noclip. 3 seeds: t(0.9875, 2) = u sqrt(2 / (1 - u^2)) at u = 0.975,
+    6.2053, and t(0.975, 2) = 4.3027; seed values with sd 1 give half-widths 3.583 (97.5%) and 2.484 (95%).
+    bandkl − clip (-5, -6, -7): mean -6, |-6| / 3.583 = 1.67 first, excludes 0 at 97.5%: below 0. clip − noclip
+    (2, 3, 4): mean 3, not past 3.583 but past 2.484: Holm's second step reads it above 0 at 95%. With bandkl − clip
+    (-1, -2, -3) (mean -2, ratio 0.56) clip − noclip (ratio 0.84) is read first, does not exclude 0: both
+    unresolved. A clip that bounded 0.5% of the tokens (under 1%): "cannot test" and no contrast."""
     import drift_report as d
-    assert (d.SMOLLM2.sesoi, d.SMOLLM2.interaction, d.SMOLLM2.k) == (0.00438, 0.00219, 48)
+    assert (d.SMOLLM2.sesoi, d.SMOLLM2.k, d.SMOLLM2.level) == (0.00438, 12, 0.975)
     assert d.SMOLLM2.collapse == pytest.approx(0.007884, rel=F64 * 8)
-    r = _readings({"noclip": 0.0, "clip": -50.0}, rules=d.SMOLLM2, clipped=20)
+    md = d.report(_lean_rows((2, 3, 4), (-5, -6, -7)), rules=d.SMOLLM2)[0]
+    r = md[md.index("## Readings"):md.index("## Exploratory")]
     assert "- the clip acted: it bounded 2.00% of an update's tokens (the plan asks for 1%)" in r
-    assert "**the clip drains the entropy**; no collapse-sized drain (lower end -50.00e-4 > -c = -78.84e-4)" in r
-    r = _readings({"noclip": 0.0, "clip": -40.0}, rules=d.SMOLLM2, clipped=20)
-    assert "**the clip drains the entropy, by less than ±43.80e-4**" in r
-    r = _readings({"noclip": 0.0, "clip": -50.0}, clipped=20)  # the toy's rules: no clip-acted check
-    assert "**the clip drains the entropy**; a collapse-sized drain is not excluded" in r and "acted" not in r
-    r = _readings({"noclip": 0.0, "clip": -50.0}, rules=d.SMOLLM2, clipped=5)
-    assert ("- **cannot test: the clip did not act** (it bounded 0.50% of an update's tokens, under the plan's 1%); "
-            "no contrast is read") in r and "drains" not in r
-    md = d.report(_rows({"noclip": 0.0, "clip": -50.0}, clipped=20), rules=d.SMOLLM2)[0]
-    assert "**Interim: 3 of the plan's 48 seeds." in md and "Rules: experiments/results/drift-smollm2/plan.md" in md
-    assert "Margins: ±43.80e-4 (the smallest effect of interest), the interaction ±21.90e-4" in md
+    assert ("- bandkl − clip: -6.00 ± 3.58e-4, [-9.58, -2.42] (97.5%): **Band-KL lowers the entropy change against the "
+            "clip (against the paper's direction)** (Holm step 1, at 97.5%); the interval excludes a collapse-sized "
+            "effect (±c = ±78.84e-4)") in r
+    assert ("- clip − noclip: +3.00 ± 3.58e-4, [-0.58, +6.58] (97.5%): **the clip raises the entropy against no "
+            "clip** (Holm step 2, at 95.0%)") in r
+    assert r.index("bandkl − clip:") < r.index("clip − noclip:")
+    assert "**Interim: 3 of the plan's 12 seeds." in md and "97.500% t intervals (Holm's first step, 0.05 / 2" in md
+    r = d.report(_lean_rows((2, 3, 4), (-1, -2, -3)), rules=d.SMOLLM2)[0]
+    assert "- clip − noclip: +3.00 ± 3.58e-4, [-0.58, +6.58] (97.5%): **unresolved** (Holm step 1" in r
+    assert "- bandkl − clip: -2.00 ± 3.58e-4, [-5.58, +1.58] (97.5%): **unresolved** (Holm step 2" in r
+    r = d.report(_lean_rows((2, 3, 4), (-5, -6, -7), clipped=5), rules=d.SMOLLM2)[0]
+    assert "- **cannot test: the clip did not act** (it bounded 0.50% of an update's tokens" in r and "Holm step" not in r
 
 
 def test_segments_by_hand():

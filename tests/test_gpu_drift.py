@@ -42,8 +42,9 @@ def test_plan_spec_is_the_plans():
     import gpu_drift
     plan = open(os.path.join(ROOT, "experiments", "results", "drift-smollm2", "plan.md")).read()
     spec = gpu_drift.PLAN
-    assert "**48 seeds (0-47) x 10 branch points each, at rollouts 0-9**" in plan
-    assert list(spec["seeds"]) == list(range(48)) and spec["branches"] == 10
+    assert "**K = 12 seeds (0-11) x 5 branch points (rollouts 0-4)**" in plan
+    assert "**Three arms**: clip, bandkl, noclip" in plan
+    assert list(spec["seeds"]) == list(range(12)) and spec["branches"] == 5 and spec["arms"] == "clip,bandkl,noclip"
     assert f"A={spec['arms']}" in plan
     flags = " ".join(plan[plan.index('T="') + 3:plan.index('"', plan.index('T="') + 3)].split())
     assert flags == " ".join(spec["train"])
