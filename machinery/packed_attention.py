@@ -14,11 +14,12 @@ The kernels (`KERNELS`; `choose_kernel` picks what can run, the start-up line na
   flash attention over cumulative sequence lengths, causal, GQA without copies of k and v;
 - `flex` (CUDA otherwise: float32, or before sm80; also runs on a CPU, where the tests check it):
   compiled FlexAttention with a document mask built once per forward;
-- `sdpa-rows` (CPU): causal SDPA on each row's slice of the packed tokens. Measured on a 2-core
-  CPU in bf16 (8 rows of 30-300 tokens, 9 heads x 64): 3.2 ms, against 13.2 ms for padded SDPA with
-  a mask, 13.8 ms for one block-diagonal mask and 10.3 ms for compiled FlexAttention.
-Each keeps a layer's sliding window (transformers' q - k < w) by a band mask, varlen's window_size
-or flex's mask_mod; `check_supported` refuses what none implements (soft-capping, sinks, dropout).
+- `sdpa` (CPU): per micro-batch (`sdpa_kernel`, by N and the rows) `sdpa-rows`, causal SDPA on each
+  row's slice, or `sdpa-block`, one SDPA call with the (N, N) block-diagonal causal mask (short
+  rows, where the calls cost more than the pairs the mask adds). 8 rows of 30-300 tokens in bf16,
+  9 heads x 64, 2 cores: sdpa-rows 3.2 ms, padded SDPA 13.2, sdpa-block 13.8, compiled flex 10.3.
+Each keeps a layer's sliding window (transformers' q - k < w) by a band in its mask, varlen's
+window_size or flex's mask_mod; `check_supported` refuses what none implements (soft-capping, sinks, dropout).
 
     packing = make_packing([row lengths], device)      # boundaries, on the host and the device
     model(input_ids=ids, position_ids=pos, packing=packing)   # model built with NAME
@@ -52,16 +53,18 @@ class Packing:
     cu_seqlens: torch.Tensor    # (rows + 1,) int32 cumulative lengths, on the device
     max_len: int                # the longest row
     block_masks: Optional[dict] = None  # flex only: {window: document mask}, built once per forward
+    dense_masks: Optional[dict] = None  # sdpa-block only: {window: (N, N) bool}, built once per forward
 
 
 def choose_kernel(device_type, capability=None, dtype=torch.bfloat16, has_varlen=None):
     """The packed kernel that can run here, from what decides it: the device type, its compute
     capability ((major, minor), CUDA only) and the attention's dtype. torch's varlen attention is
     FlashAttention-2, which takes only fp16/bf16 on sm80 or newer; elsewhere on CUDA FlexAttention
-    (Triton: fp16/bf16/fp32, sm70 or newer); anything else, a CPU included, runs SDPA row by row.
+    (Triton: fp16/bf16/fp32, sm70 or newer); anything else, a CPU included, runs SDPA ("sdpa": per
+    micro-batch sdpa-rows or sdpa-block, `sdpa_kernel`).
     has_varlen: whether this torch has torch.nn.attention.varlen (None: look)."""
     if device_type != "cuda":
-        return "sdpa-rows"
+        return "sdpa"
     if has_varlen is None:
         try:
             from torch.nn.attention.varlen import varlen_attn  # noqa: F401
@@ -73,7 +76,25 @@ def choose_kernel(device_type, capability=None, dtype=torch.bfloat16, has_varlen
         return "varlen"
     if dtype in (torch.float16, torch.bfloat16, torch.float32) and cap >= (7, 0):
         return "flex"
-    return "sdpa-rows"
+    return "sdpa"
+
+
+# The SDPA kernel "sdpa" (a CPU; CUDA where neither varlen nor flex runs) picks per micro-batch: one masked call
+# (sdpa-block) computes N^2 query-key pairs where the rows need sum n_i^2, and saves rows - 1 calls. It is picked
+# where the pairs it adds cost less than the calls it saves: N^2 - sum n_i^2 <= ROW_CALL_PAIRS (rows - 1).
+# ROW_CALL_PAIRS is one call's fixed cost in masked pairs, from `python benchmarks/bench_packed_attention.py
+# --threads 1` (2026-12-02, a 2-core AMD EPYC, Zen 4, avx512_bf16, no AMX; docs/benchmarks.md names the commit):
+# a row's call (forward + backward, 9 heads x 64) costs 0.073 ms in float32 and 0.098 in bf16 (64 rows of 1-2
+# tokens), a masked pair 1.2e-4 and 1.3e-4 ms (N = 770-1500): 600 and 730 pairs; the smaller is taken. So only
+# micro-batches of very short rows run masked: 8 rows of 32 tokens would add 57k pairs to save 4.2k.
+ROW_CALL_PAIRS = 600
+
+
+def sdpa_kernel(lengths):
+    """The SDPA kernel of a packed micro-batch of rows of `lengths` tokens (ROW_CALL_PAIRS' rule):
+    sdpa-block where N^2 - sum n_i^2 <= ROW_CALL_PAIRS (rows - 1), else sdpa-rows."""
+    n = sum(lengths)
+    return "sdpa-block" if n * n - sum(x * x for x in lengths) <= ROW_CALL_PAIRS * (len(lengths) - 1) else "sdpa-rows"
 
 
 def kernel_for(device, dtype=torch.bfloat16):
@@ -87,7 +108,8 @@ def kernel_for(device, dtype=torch.bfloat16):
 def make_packing(lengths, device, kernel=None, windows=(None,), device_lengths=None):
     """Packing of rows of `lengths` tokens (each >= 1) laid end to end on `device`. windows: the
     sliding windows the model's layers use (`model_windows`; None: full causal attention), for
-    which flex builds its masks here, once per forward. device_lengths: the same lengths already on
+    which flex and sdpa-block build their masks here, once per forward ("sdpa" resolved here by
+    `sdpa_kernel`). device_lengths: the same lengths already on
     the device (int64), so that nothing more is copied from the host."""
     kernel = kernel or kernel_for(device)
     ends = torch.tensor(lengths).cumsum(0).tolist()
@@ -95,14 +117,22 @@ def make_packing(lengths, device, kernel=None, windows=(None,), device_lengths=N
     if device_lengths is None:
         device_lengths = torch.tensor(lengths, device=device)
     cu = F.pad(device_lengths.cumsum(0), (1, 0)).to(torch.int32)                 # (rows + 1,)
-    block_masks = None
+    if kernel == "sdpa":
+        kernel = sdpa_kernel(lengths)
+    block_masks = dense_masks = None
+    if kernel == "sdpa-block":
+        doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), device_lengths,
+                                      output_size=ends[-1])                   # (N,) row of a token
+        q = torch.arange(ends[-1], device=device)                             # (N,)
+        same = (doc[:, None] == doc[None]) & (q[:, None] >= q[None])          # (N, N) causal in a row
+        dense_masks = {w: same if w is None else same & (q[:, None] - q[None] < w) for w in windows}
     if kernel == "flex":
         from torch.nn.attention.flex_attention import create_block_mask
         doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), device_lengths,
                                       output_size=ends[-1])                   # (N,) row of a token
         block_masks = {w: create_block_mask(document_mask(doc, w), None, None, ends[-1], ends[-1],
                                             device=device) for w in windows}
-    return Packing(kernel, bounds, cu, max(lengths), block_masks)
+    return Packing(kernel, bounds, cu, max(lengths), block_masks, dense_masks)
 
 
 def document_mask(doc, window=None):
@@ -181,6 +211,14 @@ def _sdpa_rows(q, k, v, packing, scale, window=None):
     return torch.cat(out, 2).transpose(1, 2)
 
 
+def _sdpa_block(q, k, v, packing, scale, window=None):
+    # one SDPA call over the whole packed sequence, its (N, N) block-diagonal causal mask built once per forward
+    # (make_packing): N^2 work where the rows need sum n_i^2, against one call instead of one per row
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.dense_masks[window], scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])          # (1, H, N, D)
+    return out.transpose(1, 2)
+
+
 def _varlen(q, k, v, packing, scale, window=None):
     # varlen_attn's keywords changed between torch releases (2.10: is_causal; later: window_size,
     # then scale and enable_gqa): pass what this torch's signature has, and repeat k and v for GQA
@@ -228,7 +266,9 @@ def _flex_attention(q, k, v, packing, scale, window=None):
     return out.transpose(1, 2)
 
 
-KERNELS = {"sdpa-rows": _sdpa_rows, "varlen": _varlen, "flex": _flex_attention}
+# "sdpa" is no entry: make_packing resolves it to one of SDPA_KERNELS per micro-batch
+SDPA_KERNELS = ("sdpa-rows", "sdpa-block")
+KERNELS = {"sdpa-rows": _sdpa_rows, "sdpa-block": _sdpa_block, "varlen": _varlen, "flex": _flex_attention}
 # keywords transformers' decoder layers pass down that do not change a packed call's attention
 _IGNORED = {"position_ids", "use_cache", "cache_position", "past_key_values", "past_key_value"}
 

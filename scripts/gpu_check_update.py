@@ -76,11 +76,16 @@ def section_pack(args, size, out):
            "peak_tflops": peak or f"unknown: no dense bf16 peak known for {name!r} (MFU null)",
            "attention_kernel": kernel, "settings": []}
     progress(res)  # the shape and FLOPs: what a section stopped before its first setting had
-    ref_grad, calls, run_kernel = {}, {"n": 0}, packed_attention.KERNELS[kernel]
+    # "sdpa" runs sdpa-rows or sdpa-block per micro-batch: both counted
+    ref_grad, calls = {}, {"n": 0}
+    run_kernel = {k: packed_attention.KERNELS[k] for k in
+                  (packed_attention.SDPA_KERNELS if kernel == "sdpa" else (kernel,))}
 
-    def counted(*a):  # the kernel that really ran, counted where it is called
-        calls["n"] += 1
-        return run_kernel(*a)
+    def counted(name):  # the kernel that really ran, counted where it is called
+        def call(*a):
+            calls["n"] += 1
+            return run_kernel[name](*a)
+        return call
 
     def grads(model):  # kept as they are: the optimizer's zero_grad sets them to None, the next backward makes new
         return {n.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", ""):
@@ -97,7 +102,8 @@ def section_pack(args, size, out):
                "padded_tokens": sum(policy._cost(mb if isinstance(mb, list) else range(mb.start, mb.stop),
                                                  batch.spans, pack) for mb in mbs)}
         rec["padded_over_real"] = round(rec["padded_tokens"] / real, 3)
-        packed_attention.KERNELS[kernel] = run_kernel if compiled else counted  # no Python counter in a graph
+        # no Python counter in a graph
+        packed_attention.KERNELS.update(run_kernel if compiled else {k: counted(k) for k in run_kernel})
         model = optimizer = None
         try:
             if device.type == "cuda":
@@ -155,7 +161,7 @@ def section_pack(args, size, out):
         except Exception as e:  # a setting that cannot run is recorded; the others still run
             rec.update(error=f"{type(e).__name__}: {str(e)[:1500]}")
         finally:
-            packed_attention.KERNELS[kernel] = run_kernel
+            packed_attention.KERNELS.update(run_kernel)
             del model, optimizer
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -41,8 +41,8 @@ def model64(tied):
     return enable_packing(AutoModelForCausalLM.from_config(conf, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_packed_equals_padded_float64(tied):
+@pytest.mark.parametrize("tied,kernel", [(False, "sdpa-rows"), (True, "sdpa-rows"), (True, "sdpa-block")])
+def test_packed_equals_padded_float64(tied, kernel):
     """Log-probs, entropy and the gradient of Σ w·logp of rows from 1 to 47 tokens, at T = 0.7,
     packed against padded, float64. Both paths compute the same sums in other orders: a logit errs
     by <~ n_layers sqrt(d_ff) u max|z| (tiny model: 64 u, |z| <~ 40, tests/test_two_ranks.py), a
@@ -53,7 +53,7 @@ def test_packed_equals_padded_float64(tied):
     out = []
     for packed in (False, True):
         model.zero_grad()
-        logp, ent = (packed_logprobs(model, ids, P, SPANS, 0.7, True) if packed else
+        logp, ent = (packed_logprobs(model, ids, P, SPANS, 0.7, True, kernel) if packed else
                      sequence_logprobs(model, ids, attn, P, 4, 0.7, True, SPANS))   # (B, T)
         (w * logp).sum().backward()
         out.append((logp.detach(), ent, {n: p.grad.clone() for n, p in model.named_parameters()}))
@@ -135,6 +135,19 @@ def test_cuda_kernels_as_close_to_float64_as_padded(kernel):
     assert err["padded"][0] > 0  # bf16 really rounded
     assert err["packed"][0] <= 2 * err["padded"][0]
     assert err["packed"][1] <= 2 * err["padded"][1]
+
+
+def test_sdpa_kernel_rule_hand_cases():
+    """The CPU's "sdpa" picks one masked call where the pairs it adds, N^2 - sum n_i^2, are at most ROW_CALL_PAIRS
+    (600) per row call it saves: 8 rows of 2 tokens add 256 - 32 = 224 <= 4200 (block); 2 rows of 20 add 800 > 600
+    (rows); 2 rows of 17 add 578 <= 600 (block); 1 row adds nothing and saves nothing (block: one call either way);
+    SPANS' rows (47, 2, 3, 25, 11, 6) add 8836 - 3004 = 5832 > 3000 (rows)."""
+    pick = packed_attention.sdpa_kernel
+    assert [pick([2] * 8), pick([20, 20]), pick([17, 17]), pick([300])] == ["sdpa-block", "sdpa-rows",
+                                                                           "sdpa-block", "sdpa-block"]
+    assert pick([p + r for p, r in SPANS]) == "sdpa-rows"
+    assert packed_attention.make_packing([17, 17], "cpu", "sdpa").kernel == "sdpa-block"
+    assert packed_attention.make_packing([20, 20], "cpu", "sdpa").kernel == "sdpa-rows"
 
 
 def test_packed_budget_counts_real_tokens():

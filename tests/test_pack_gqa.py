@@ -44,18 +44,20 @@ def logprobs_and_grads(model, ids, attn, P, w, packed, kernel=None):
     return logp.detach(), ent.detach(), {n: p.grad.detach().double().cpu() for n, p in model.named_parameters()}
 
 
-def test_packed_equals_padded_gqa_float64():
-    """float64 on the CPU (the sdpa-rows kernel): log-probs, entropy and every parameter's gradient, packed against
-    padded, rows of 1 to 47 tokens. Both paths compute the same sums in other orders: a logit errs by <~ n_layers
-    sqrt(d_ff) u max|z| (2 sqrt(128) = 23 u max|z| here), a log-prob by twice that (the log-sum-exp), on both sides:
-    4 * 23 u max|z|, max|z| measured on the padded logits; gradients the same relative to their largest entry."""
+@pytest.mark.parametrize("kernel", packed_attention.SDPA_KERNELS)
+def test_packed_equals_padded_gqa_float64(kernel):
+    """float64 on the CPU, each SDPA kernel (per row; one block-diagonal mask): log-probs, entropy and every
+    parameter's gradient, packed against padded, rows of 1 to 47 tokens. Both paths compute the same sums in other
+    orders: a logit errs by <~ n_layers sqrt(d_ff) u max|z| (2 sqrt(128) = 23 u max|z| here), a log-prob by twice
+    that (the log-sum-exp), on both sides: 4 * 23 u max|z|, max|z| measured on the padded logits; gradients the same
+    relative to their largest entry."""
     model = gqa_model()
     ids, attn, P = rows()
     w = torch.randn(len(SPANS), ids.shape[1] - P, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     with torch.no_grad():
         z_max = model(input_ids=ids, attention_mask=attn).logits.abs().max().item()
     tol = 4 * CONF["num_hidden_layers"] * math.sqrt(CONF["intermediate_size"]) * U64 * z_max
-    padded, packed = (logprobs_and_grads(model, ids, attn, P, w, p) for p in (False, True))
+    padded, packed = (logprobs_and_grads(model, ids, attn, P, w, p, kernel) for p in (False, True))
     assert torch.allclose(packed[0], padded[0], rtol=0, atol=tol)
     assert torch.allclose(packed[1], padded[1], rtol=0, atol=tol)
     for name, g in padded[2].items():

@@ -38,10 +38,10 @@ def build(name, window=W, dtype=torch.float64):
     return AutoModelForCausalLM.from_config(CONFIGS[name](window), dtype=dtype)
 
 
-def logprobs_and_grads(model, ids, attn, P, w, packed):
+def logprobs_and_grads(model, ids, attn, P, w, packed, kernel=None):
     """(log-probs (B, T), entropy, {name: gradient of Σ w·logp}) on the packed or the padded path."""
     model.zero_grad()
-    logp, ent = (packed_logprobs(model, ids, P, SPANS, with_entropy=True) if packed else
+    logp, ent = (packed_logprobs(model, ids, P, SPANS, with_entropy=True, kernel=kernel) if packed else
                  sequence_logprobs(model, ids, attn, P, 4, with_entropy=True, spans=SPANS))   # (B, T) each
     (w * logp).sum().backward()
     return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -53,13 +53,14 @@ def gemma_norm_in_float64(self, x):
     return self._norm(x) * (1.0 + self.weight)
 
 
+@pytest.mark.parametrize("kernel", packed_attention.SDPA_KERNELS)
 @pytest.mark.parametrize("name", ["mistral", "qwen2", "gemma3"])
-def test_packed_equals_padded_under_sliding_window_float64(name, monkeypatch):
-    """float64, the sdpa-rows kernel (a band mask per row): log-probs, entropy and every gradient, packed against
-    padded. Both compute the same sums in other orders: a logit errs by <~ n_layers sqrt(d_ff) u max|z|, a log-prob
-    by twice that, both sides: 4 n_layers sqrt(d_ff) u max|z| (max|z| of the padded logits); gradients the same
-    relative to their largest entry. Control: the same weights without the window (Gemma 3: a window longer than
-    every row) give log-probs that differ by more than 1000x the tolerance."""
+def test_packed_equals_padded_under_sliding_window_float64(name, kernel, monkeypatch):
+    """float64, each SDPA kernel (a band mask per row; the band within the block-diagonal mask): log-probs, entropy
+    and every gradient, packed against padded. Both compute the same sums in other orders: a logit errs by <~
+    n_layers sqrt(d_ff) u max|z|, a log-prob by twice that, both sides: 4 n_layers sqrt(d_ff) u max|z| (max|z| of
+    the padded logits); gradients the same relative to their largest entry. Control: the same weights without the
+    window (Gemma 3: a window longer than every row) give log-probs that differ by more than 1000x the tolerance."""
     from transformers.models.gemma3 import modeling_gemma3
     monkeypatch.setattr(modeling_gemma3.Gemma3RMSNorm, "forward", gemma_norm_in_float64)
     model = enable_packing(build(name))
@@ -72,7 +73,7 @@ def test_packed_equals_padded_under_sliding_window_float64(name, monkeypatch):
     with torch.no_grad():
         z_max = model(input_ids=ids, attention_mask=attn).logits.abs().max().item()
     tol = 4 * conf.num_hidden_layers * math.sqrt(conf.intermediate_size) * U64 * z_max
-    padded, packed = (logprobs_and_grads(model, ids, attn, P, w, p) for p in (False, True))
+    padded, packed = (logprobs_and_grads(model, ids, attn, P, w, p, kernel) for p in (False, True))
     assert torch.allclose(packed[0], padded[0], rtol=0, atol=tol)
     assert torch.allclose(packed[1], padded[1], rtol=0, atol=tol)
     for param, g in padded[2].items():

@@ -30,19 +30,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # --- the packed kernel: what can run ---------------------------------------------------------------
 @pytest.mark.parametrize("device,cap,dtype,has_varlen,want", [
-    ("cpu", None, BF16, True, "sdpa-rows"),           # varlen and Triton are CUDA-only
+    ("cpu", None, BF16, True, "sdpa"),                # varlen and Triton are CUDA-only
     ("cuda", (9, 0), BF16, True, "varlen"),           # H100/H200
     ("cuda", (8, 0), FP16, True, "varlen"),           # A100
     ("cuda", (9, 0), FP32, True, "flex"),             # FlashAttention-2 takes no float32
     ("cuda", (9, 0), BF16, False, "flex"),            # a torch without torch.nn.attention.varlen
     ("cuda", (7, 5), FP16, True, "flex"),             # T4: FlashAttention-2 needs sm80
     ("cuda", (7, 0), BF16, True, "flex"),             # V100
-    ("cuda", (6, 1), FP16, True, "sdpa-rows"),        # Pascal: below Triton's sm70
-    ("cuda", (9, 0), FP64, True, "sdpa-rows"),        # float64: neither kernel
+    ("cuda", (6, 1), FP16, True, "sdpa"),             # Pascal: below Triton's sm70
+    ("cuda", (9, 0), FP64, True, "sdpa"),             # float64: neither kernel
 ])
 def test_kernel_chosen_by_what_can_run(device, cap, dtype, has_varlen, want):
     """FlashAttention-2 (torch's varlen attention) runs fp16/bf16 on sm80+; FlexAttention (Triton)
-    fp16/bf16/fp32 on sm70+; SDPA per row anything else."""
+    fp16/bf16/fp32 on sm70+; SDPA (per row, or one masked call for short rows) anything else."""
     assert packed_attention.choose_kernel(device, cap, dtype, has_varlen) == want
 
 
