@@ -84,6 +84,7 @@ class Config:
     recompute: str = "auto"           # activation recomputation: none, selective, full; auto = by memory
     grad_checkpointing: Optional[bool] = None  # alias: on = --recompute full, off = --recompute none
     compile_layers: Optional[bool] = None  # torch.compile each decoder layer; unset = where it measured faster
+    compile_head: Optional[bool] = None  # torch.compile the packed fused head's chunk passes; unset = on CUDA
     share_prompt: Optional[bool] = None  # each prompt run once for its G samples; unset = where it pays
     train_dtype: str = "auto"         # compute dtype, fp32 master weights: auto = bf16 where native
     # --- engines, logging, checkpoints ---
@@ -230,7 +231,7 @@ def resolve_config(cfg):
 # Fields added after runs were saved, with the value that reproduces such a run: a config.json
 # without the key was written by code that behaved so (a run from before packing existed was
 # padded; one from before --recompute has its resolved grad_checkpointing, the alias).
-SAVED_BEFORE = {"pack": False, "compile_layers": False, "recompute": "auto"}
+SAVED_BEFORE = {"pack": False, "compile_layers": False, "compile_head": False, "recompute": "auto"}
 
 
 def saved_config(saved):
@@ -248,7 +249,7 @@ def saved_config(saved):
 # change the order of float sums at most, never what is computed. Every other setting is the saved run's; a flag
 # given with another value than the saved one is refused, naming it (a run is a function of its config).
 RESUME_TAKES = ("max_steps", "keep_checkpoints", "save_every", "verbose", "wandb", "export_hf",
-                "recompute", "grad_checkpointing", "pack", "compile_layers")
+                "recompute", "grad_checkpointing", "pack", "compile_layers", "compile_head")
 
 
 def resumed_config(argv, saved):
@@ -286,8 +287,8 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None, explain=False):
     decides the same, and from the longest training prompt (`prompt_lens`, the token count of every
     training prompt; None: --max-prompt-len), not the longest allowed: GSM8K's chat prompts are
     ~100-250 tokens under a 512 limit. Then --share-prompt unset (`shares_prompt_pays`).
-    Then --pack unset (packed_attention.pack_default, off where the shared prompt is on) and
-    --compile-layers unset (COMPILE_DEFAULT).
+    Then --pack unset (packed_attention.pack_default, off where the shared prompt is on),
+    --compile-layers unset (COMPILE_DEFAULT) and --compile-head unset (the same table).
     Returns (cfg with the decisions, the free bytes it used, where they were read), and with `explain` the
     recomputation's reason in words (the start-up line's). Raises ValueError where no recomputation fits under auto,
     or where --share-prompt would need checkpointing off. Needs the process group."""
@@ -326,15 +327,19 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None, explain=False):
     # --pack unset: where it measured faster (packed_attention.PACK_DEFAULT), unless the shared
     # prompt, which it cannot combine with, was chosen as paying
     pack = cfg.pack if cfg.pack is not None else pack_default(device) and not share
+    # --compile-head unset: where compiled layers are (the same table; it changes no memory estimate)
+    head = cfg.compile_head if cfg.compile_head is not None else compile_default(device)
     return (dataclasses.replace(cfg, recompute=recompute, grad_checkpointing=recompute != "none",
-                                compile_layers=compiled, share_prompt=share, pack=pack),
+                                compile_layers=compiled, compile_head=head, share_prompt=share, pack=pack),
             free, source) + ((why,) if explain else ())
 
 
 # --compile-layers unset: on where compiled layers measured faster than eager ones — CUDA: 1.23x the
 # same packed update eager, 0.38x its peak memory, 23 s of compilation on the first step (one H200,
 # Qwen2.5-1.5B's shape; docs/gpu.md, `make gpu-check`'s section pack); a CPU pays minutes of
-# compilation for a short run
+# compilation for a short run. The fused head's chunk functions (--compile-head) follow the same
+# table: one block's ~8 float32 passes over (chunk, V) fused into a few, seconds of compilation on a
+# GPU; the pack section's compiled setting measures both (its `head` phase against the eager settings')
 COMPILE_DEFAULT = {"cuda": True}
 
 

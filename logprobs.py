@@ -28,6 +28,8 @@ from typing import Optional
 
 import torch
 
+from machinery.fused_head import HeadLogprob
+
 
 @dataclass
 class RolloutBatch:
@@ -234,6 +236,7 @@ PACKED_FORWARD = "bandpo_packed_forward"  # the method enable_packing gives the 
 PACKED_KERNEL = "bandpo_packed_kernel"    # its attention kernel (packed_attention.KERNELS)
 PACKED_WINDOWS = "bandpo_packed_windows"  # its layers' sliding windows (packed_attention.model_windows)
 HEAD_CHUNK = "bandpo_head_chunk"          # its fused head's rows per chunk (head_chunk_rows)
+HEAD_COMPILED = "bandpo_head_compiled"    # its fused head's chunk functions compiled (--compile-head)
 # The fused head's chunk: its temporaries (~12 bytes a logit: the float32 block, its exp, the
 # gradient's block in the weights' dtype) within this many bytes. A constant, not the memory free:
 # the chunk sets the order in which the weight gradient is summed (and cuBLAS's kernel for the
@@ -249,14 +252,15 @@ def head_chunk_rows(vocab, budget=HEAD_CHUNK_BYTES, most=2048):
     return int(max(1, min(most, budget // (12 * vocab))))
 
 
-def enable_packing(model, kernel=None, chunk=None):
+def enable_packing(model, kernel=None, chunk=None, compile_head=False):
     """Let `model` (a Llama/Qwen2-style causal LM, FSDP2-sharded or not) run packed micro-batches:
     attention through machinery/packed_attention.py's implementation (which serves padded calls
     with transformers' SDPA as before), and `_packed_forward` as a method FSDP2 treats as a forward
     (register_fsdp_forward_method: the weights are gathered around it as around `forward`), so that
     the LM head's weight can be read outside `forward`. `kernel`: the packed attention kernel
     (None: packed_attention.kernel_for the weights' device in bfloat16); `chunk`: the fused head's
-    rows per chunk (None: head_chunk_rows of the vocabulary). Refuses (ValueError, one line) a
+    rows per chunk (None: head_chunk_rows of the vocabulary); `compile_head`: its chunk functions
+    through torch.compile (machinery/fused_head.py). Refuses (ValueError, one line) a
     model whose attention or head the packed path does not implement, before anything runs.
     Returns the model."""
     import types
@@ -273,6 +277,7 @@ def enable_packing(model, kernel=None, chunk=None):
     setattr(model, PACKED_KERNEL, kernel)
     setattr(model, PACKED_WINDOWS, tuple(sorted(windows, key=lambda w: -1 if w is None else w)))
     setattr(model, HEAD_CHUNK, int(chunk or head_chunk_rows(head.weight.shape[0])))
+    setattr(model, HEAD_COMPILED, bool(compile_head))
     if isinstance(model, FSDPModule):
         register_fsdp_forward_method(model, PACKED_FORWARD)
     return model
@@ -303,7 +308,7 @@ def packed_logprobs(model, input_ids, n_prompt, spans, temperature=1.0, with_ent
     from a packed forward: the rows' real tokens (prompt + response, no padding) concatenated into
     one sequence (1, N), positions restarting at each row, attention confined to each row
     (machinery/packed_attention.py; `kernel` None: the one enable_packing chose). The LM head runs
-    on the response positions only and is fused with the log-prob (`_HeadLogprob`): no (N, V)
+    on the response positions only and is fused with the log-prob (machinery/fused_head.py): no (N, V)
     logits, in any dtype. `model` needs enable_packing. The indices are built on the device from
     one copy of the spans (`packed_indices`), never from host lists of N entries."""
     from machinery import packed_attention
@@ -353,74 +358,5 @@ def _packed_forward(self, ids, position_ids, packing, src, targets, temperature,
     hidden = self.base_model(input_ids=ids, position_ids=position_ids, packing=packing,
                              use_cache=False).last_hidden_state                       # (1, N, h)
     weight = self.get_output_embeddings().weight                                        # (V, h)
-    return _HeadLogprob.apply(hidden[0, src], weight, targets, getattr(self, HEAD_CHUNK),
-                              with_entropy, temperature)
-
-
-class _HeadLogprob(torch.autograd.Function):
-    """log softmax(h W^T / T)[target] (and the entropy, no gradient) over chunks of positions: only a
-    (chunk, V) block of logits exists at a time, forward and backward, which recomputes the block
-    instead of saving it (one more head matmul, ~1/3 of the head's FLOPs). The logits' block is
-    upcast to float32 (float64 for a float64 model) before the softmax, as token_logprobs does;
-    one exp over the block gives both the log-normaliser and the entropy. The backward's logit
-    gradient is rounded to the weights' dtype before its two matmuls, as autograd through the
-    unfused head would, and the weight's gradient is accumulated in float32 by one matmul-add per
-    chunk (`_add_matmul`)."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk, with_entropy, temperature):
-        # hidden (n, h), weight (V, h), targets (n,)
-        cdtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
-        n = hidden.shape[0]
-        logp = torch.empty(n, dtype=cdtype, device=hidden.device)                    # (n,)
-        lse = torch.empty_like(logp)                                                 # (n,)
-        ent = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
-        for s in range(0, n, chunk):
-            z = (hidden[s:s + chunk] @ weight.T).to(cdtype)                          # (c, V)
-            if temperature != 1.0:
-                z = z / temperature
-            top = z.amax(-1, keepdim=True)                                           # (c, 1)
-            e = torch.exp(z - top)                                                   # (c, V)
-            norm = e.sum(-1)                                                         # (c,)
-            lse[s:s + chunk] = lse_c = top[:, 0] + norm.log()                        # (c,)
-            logp[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None])[:, 0] - lse_c
-            if with_entropy:  # H = lse − Σ p z, p = e / norm
-                ent[s:s + chunk] = lse_c - (e * z).sum(-1) / norm
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.chunk, ctx.temperature = chunk, temperature
-        ctx.mark_non_differentiable(ent)
-        return logp, ent
-
-    @staticmethod
-    def backward(ctx, grad_logp, _grad_ent):                                         # (n,)
-        hidden, weight, targets, lse = ctx.saved_tensors
-        c, temp = ctx.chunk, ctx.temperature
-        grad_h = torch.empty_like(hidden)                                            # (n, h)
-        grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device)   # (V, h)
-        for s in range(0, hidden.shape[0], c):
-            g = grad_logp[s:s + c, None].to(lse.dtype) / temp                        # (c, 1)
-            d = (hidden[s:s + c] @ weight.T).to(lse.dtype)                           # (c, V)
-            if temp != 1.0:
-                d.div_(temp)
-            d.sub_(lse[s:s + c, None]).exp_().mul_(-g)                               # −g·softmax
-            d.scatter_add_(-1, targets[s:s + c, None], g)                            # + g at y
-            d = d.to(weight.dtype)                                                   # (c, V)
-            grad_h[s:s + c] = d @ weight                                             # (c, h)
-            _add_matmul(grad_w, d.T, hidden[s:s + c])                                # (V, h)
-        return grad_h, grad_w.to(weight.dtype), None, None, None, None
-
-
-def _add_matmul(acc, a, b):
-    """acc += a @ b, in acc's dtype, without an (m, n) temporary: addmm_ where the dtypes agree; for
-    bf16/fp16 operands into a float32 acc, cuBLAS's float32 output (`out_dtype`, CUDA, torch >= 2.8;
-    the product is accumulated in float32 either way); elsewhere (a CPU) the product rounded to
-    a's dtype is upcast and added, as autograd through the unfused head would."""
-    if a.dtype == acc.dtype:
-        acc.addmm_(a, b)
-    elif acc.is_cuda and _HAS_OUT_DTYPE:
-        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
-    else:
-        acc += (a @ b).to(acc.dtype)
-
-
-_HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 8)
+    return HeadLogprob.apply(hidden[0, src], weight, targets, getattr(self, HEAD_CHUNK), with_entropy,
+                             temperature, getattr(self, HEAD_COMPILED))

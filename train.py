@@ -265,8 +265,7 @@ def timing_metrics(times, sums, peak_tflops):
 
 
 def console_line(metrics, cfg):
-    acc = next((f" | eval {v:.3f}" for k, v in metrics.items()
-                if k.endswith(f"mean@{cfg.eval_n}")), "")
+    acc = next((f" | eval {v:.3f}" for k, v in metrics.items() if k.endswith(f"mean@{cfg.eval_n}")), "")
     return (f"step {metrics['step']} | reward {metrics['reward/mean']:.3f} | "
             f"entropy {metrics['entropy']:.3f} | "
             f"clip {metrics['clip/frac']:.3f} (hi {metrics['clip/frac_upper']:.3f}) | "
@@ -344,7 +343,8 @@ def main(argv=None):
            f"(gap {gap:.1e} nats/token) | recompute {cfg.recompute} ({why}; {free / 2**30:.0f} GB free on {device} "
            f"per rank, least of {WORLD}, from {free_source}) | shared prompt {'on' if cfg.share_prompt else 'off'} | "
            f"packed rows {'on, ' + packed_kernel(cfg, device) + ' attention' if cfg.pack else 'off'} | "
-           f"compiled layers {'on' if cfg.compile_layers else 'off'} | peak RSS {peak_rss_gb():.1f} GB")
+           f"compiled layers {'on' if cfg.compile_layers else 'off'}, head {'on' if cfg.compile_head else 'off'} | "
+           f"peak RSS {peak_rss_gb():.1f} GB")
 
     if start_step == 0 and cfg.eval_every:
         ev = validate(engine, tokenizer, eval_sets, cfg, 0)

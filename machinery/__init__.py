@@ -2,6 +2,7 @@
 none of it BandPO's mathematics.
 
     memory.py          the memory a rank has (host RAM under its cgroup limit, or the GPU) and what an update needs
+    fused_head.py      the LM head fused with the log-prob of packed micro-batches, its chunk passes compiled on CUDA
     flops.py           the update's model FLOPs, the GPUs' dense bf16 peaks, MFU (train.py's console, the GPU check)
     precision.py       the compute dtype (bf16 where the hardware has it); a guard on oneMKL's first-call race
     checkpoint.py      distributed checkpoints, exact resume, Hugging Face export

@@ -29,7 +29,7 @@ def update_memory(model_config, tokens, dtype_bytes, recompute="none", fused_hea
     moments; sharding would divide these, which the estimate ignores) and 4 + b more (policy._reduce_on_last: the
     float32 gradient accumulated whole over a mini-batch's micro-batches, on N ranks beside the shards, and the
     compute-dtype weights held gathered from the first forward to the last backward), plus, for the fused head of packed
-    micro-batches (logprobs._HeadLogprob), its float32 weight gradient (V x h) before it is cast to the weights'
+    micro-batches (machinery/fused_head.py), its float32 weight gradient (V x h) before it is cast to the weights'
     dtype, or for padded micro-batches their logits and gradient (`logits`: (rows, positions), `padded_logits_bytes`).
     On one H200 the measured peaks ran ~1.45x the saved tensors under both none and selective (docs/gpu.md): the
     caller's half-the-free-memory rule leaves that room."""

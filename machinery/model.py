@@ -91,7 +91,7 @@ def build_model(cfg, device, trainable=True):
         assert (model.get_output_embeddings().weight
                 is model.get_input_embeddings().weight), "lm_head lost its tie"
     if cfg.pack:  # packed micro-batches: the packed attention and the fused head (logprobs.py)
-        enable_packing(model, packed_kernel(cfg, device))
+        enable_packing(model, packed_kernel(cfg, device), compile_head=cfg.compile_head)
     model.train(trainable)
     model.requires_grad_(trainable)
     return model

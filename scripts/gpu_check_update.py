@@ -95,9 +95,13 @@ def section_pack(args, size, out):
         """One setting: a fresh model, a warm-up update (its gradient kept), `timed` updates, one profiled."""
         cfg = train_config(model=folder.name, method="bandkl", prompts_per_step=1, mini_batch_prompts=1,
                            micro_batch_size=R, micro_batch_tokens=budget, pack=pack, recompute=recompute,
-                           compile_layers=compiled, max_new_tokens=T, lr=0.0, grad_clip=1e30, train_dtype=train_dtype)
+                           compile_layers=compiled, compile_head=compiled, max_new_tokens=T, lr=0.0, grad_clip=1e30,
+                           train_dtype=train_dtype)
         mbs = policy.micro_batches(slice(0, R), cfg, batch.spans)
-        rec = {"recompute": recompute, "compiled_layers": compiled, "micro_batch_tokens": budget,
+        # compiled: layers and the fused head's chunk functions, as train.py on CUDA (its `head` phase against the
+        # eager settings' is the compiled head's own measure)
+        rec = {"recompute": recompute, "compiled_layers": compiled, "compiled_head": compiled and pack,
+               "micro_batch_tokens": budget,
                "micro_batches": len(mbs),
                "padded_tokens": sum(policy._cost(mb if isinstance(mb, list) else range(mb.start, mb.stop),
                                                  batch.spans, pack) for mb in mbs)}

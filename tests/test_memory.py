@@ -143,7 +143,7 @@ def test_auto_recompute_decided_by_memory(group):
     cfg = train.resolve_config(train.Config())
     decided = train.decide_grad_checkpointing(cfg, torch.device("cpu"), [8] * 4)[0]
     assert decided.recompute == "none" and decided.grad_checkpointing is False
-    assert decided.compile_layers is False  # no measured default on a CPU
+    assert decided.compile_layers is False and decided.compile_head is False  # no measured default on a CPU
 
 
 def test_auto_refuses_where_nothing_fits_and_a_forced_mode_runs(group, monkeypatch, capsys, tmp_path):
@@ -171,13 +171,16 @@ def test_auto_refuses_where_nothing_fits_and_a_forced_mode_runs(group, monkeypat
 def test_unset_compiled_layers_yield_to_explicit_selective(group, monkeypatch):
     """Where compiled layers are the device's default, an explicit --recompute selective (which they
     cannot combine with) turns the default off instead of failing; an explicit --compile-layers
-    with it is refused."""
+    with it is refused. The compiled head follows the same table, whatever the recomputation, unless
+    --no-compile-head says otherwise."""
     monkeypatch.setitem(config.COMPILE_DEFAULT, "cpu", True)
     cpu = torch.device("cpu")
     sel = train.decide_grad_checkpointing(train.resolve_config(train.Config(recompute="selective")), cpu,
                                           [8] * 4)[0]
-    assert sel.recompute == "selective" and sel.compile_layers is False
+    assert sel.recompute == "selective" and sel.compile_layers is False and sel.compile_head is True
     auto = train.decide_grad_checkpointing(train.resolve_config(train.Config()), cpu, [8] * 4)[0]
-    assert auto.compile_layers is True and auto.recompute == "none"
+    assert auto.compile_layers is True and auto.recompute == "none" and auto.compile_head is True
+    off = train.decide_grad_checkpointing(train.resolve_config(train.Config(compile_head=False)), cpu, [8] * 4)[0]
+    assert off.compile_head is False and train.parse_config(["--no-compile-head"]).compile_head is False
     with pytest.raises(ValueError, match="--compile-layers with --recompute selective"):
         train.resolve_config(train.Config(recompute="selective", compile_layers=True))

@@ -1,5 +1,5 @@
 """Packed micro-batches (--pack): the rows' real tokens end to end, attention confined to each row
-(machinery/packed_attention.py), the LM head fused with the log-prob (logprobs._HeadLogprob).
+(machinery/packed_attention.py), the LM head fused with the log-prob (machinery/fused_head.py).
 Every check compares against the padded path (logprobs.sequence_logprobs, the reference), a
 float64 model, finite differences or a brute-force plan, never the packed code against itself.
 Two ranks: tests/test_two_ranks.py (scenarios pack-budget, pack-kl-is, bf16-pack).
@@ -14,7 +14,7 @@ import policy
 import rollout
 import train
 from logprobs import RolloutBatch, enable_packing, packed_logprobs, sequence_logprobs
-from machinery import packed_attention
+from machinery import fused_head, packed_attention
 from machinery.precision import cpu_has_native_bf16
 
 U32, U64 = torch.finfo(torch.float32).eps / 2, torch.finfo(torch.float64).eps / 2
@@ -66,13 +66,13 @@ def test_packed_equals_padded_float64(tied, kernel):
 
 
 def test_fused_head_gradcheck():
-    """_HeadLogprob's backward (chunks of 3 rows, T = 0.7) against finite differences, float64."""
+    """HeadLogprob's backward (chunks of 3 rows, T = 0.7) against finite differences, float64."""
     g = torch.Generator().manual_seed(2)
     h = torch.randn(7, 5, dtype=torch.float64, generator=g, requires_grad=True)
     wt = torch.randn(11, 5, dtype=torch.float64, generator=g, requires_grad=True)
     y = torch.randint(0, 11, (7,), generator=g)
     assert torch.autograd.gradcheck(
-        lambda h, wt: logprobs._HeadLogprob.apply(h, wt, y, 3, False, 0.7)[0], (h, wt))
+        lambda h, wt: fused_head.HeadLogprob.apply(h, wt, y, 3, False, 0.7)[0], (h, wt))
 
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="no native bf16 (avx512_bf16, amx_bf16)")

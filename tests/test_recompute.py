@@ -1,6 +1,7 @@
 """What the packed update's speed levers may change and what they must not: the packed kernel chosen
 by what can run (device, capability, dtype), activation recomputation (--recompute none, selective,
-full), compiled decoder layers (--compile-layers), the fused head's float32 weight gradient, and a
+full), compiled decoder layers (--compile-layers), the fused head's float32 weight gradient and its
+compiled chunk functions (--compile-head), and a
 run saved before these settings existed (the memory model that picks a recomputation: tests/test_memory.py). Every
 check compares against the padded path, a float64 computation, an op count or a hand computation.
 Two ranks: tests/test_two_ranks.py (pack-selective, pack-compiled).
@@ -21,7 +22,7 @@ import policy
 import rollout
 import train
 from logprobs import enable_packing, packed_logprobs, sequence_logprobs
-from machinery import packed_attention
+from machinery import fused_head, packed_attention
 from test_pack import SPANS, U32, U64, rows
 
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
@@ -235,11 +236,11 @@ def test_recompute_flags_resolve_and_refuse_contradictions():
 
 
 # --- the fused head -------------------------------------------------------------------------------
-def head_grads(h, wt, y, chunk, temperature=0.7):
+def head_grads(h, wt, y, chunk, temperature=0.7, with_entropy=False, compiled=False):
     hh, ww = h.clone().requires_grad_(), wt.clone().requires_grad_()
-    logp, _ = logprobs._HeadLogprob.apply(hh, ww, y, chunk, False, temperature)
+    logp, ent = fused_head.HeadLogprob.apply(hh, ww, y, chunk, with_entropy, temperature, compiled)
     logp.sum().backward()
-    return logp.detach(), hh.grad, ww.grad
+    return logp.detach(), hh.grad, ww.grad, ent
 
 
 def reference_grads(h, wt, y, temperature=0.7):
@@ -261,12 +262,40 @@ def test_fused_head_float32_against_float64(chunk):
     n, d, V = 40, 16, 50
     h, wt = torch.randn(n, d, generator=g), torch.randn(V, d, generator=g) / 4
     y = torch.randint(0, V, (n,), generator=g)
-    got, want = head_grads(h, wt, y, chunk), reference_grads(h, wt, y)
+    got, want = head_grads(h, wt, y, chunk)[:3], reference_grads(h, wt, y)
     zerr = d * U32 * (h.abs() @ wt.abs().T).max().item() / 0.7
     assert torch.allclose(got[0].double(), want[0], rtol=0, atol=4 * zerr)
     for a, b in zip(got[1:], want[1:]):
         assert torch.allclose(a.double(), b, rtol=0, atol=4 * (d + n) * U32 * b.abs().max()
                               + 4 * zerr * b.abs().max())
+
+
+# slow on a CPU: Inductor's cold C++ compile of the two chunk functions, 17-24 s on 2 shared cores; the CUDA case runs
+# in `make gpu-check`'s tests section (`-m gpu`), where train.py compiles them
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.slow),
+                                    pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fused_head_compiled_chunks_equal_eager(device):
+    """--compile-head: the fused head's chunk functions through torch.compile (Inductor's C++ on a CPU, Triton on
+    CUDA, where train.py compiles them) against the same functions eager: log-probs, entropy and both gradients,
+    float32, T = 0.7, two chunks of 8 rows. Both sides sum the same float32 terms in other orders with other exp
+    kernels. A block's normaliser sums V terms <= 1: each side errs by <= (V + 2) u relative, so lse by as much
+    absolute plus u |lse|; the entropy's Σ p z adds (V + 2) u max|z|; a softmax entry exp(z − lse) errs by eps_p = (max|z| + 2 max|lse| + V + 4) u relative. The gradients: Σ_v |Δd_v|
+    <= 2 eps_p |g| (Σ p = 1) through the same matmuls, each side's matmul erring by <= k u Σ|d||x| over its k terms
+    (V for hidden's, n for the weight's, Σ_v |d_v| <= 2|g|, Σ_rows <= n |g|). Every bound doubled: two sides."""
+    gen = torch.Generator().manual_seed(5)
+    n, d, V, T = 16, 8, 97, 0.7
+    h, wt = torch.randn(n, d, generator=gen).to(device), (torch.randn(V, d, generator=gen) / 2).to(device)
+    y = torch.randint(0, V, (n,), generator=gen).to(device)
+    eager = head_grads(h, wt, y, 8, T, with_entropy=True)
+    got = head_grads(h, wt, y, 8, T, with_entropy=True, compiled=True)
+    assert fused_head.compiled.cache_info().currsize == 2  # the forward's and the backward's, compiled
+    z = (h @ wt.T / T).abs().max().item()
+    lse = torch.logsumexp(h @ wt.T / T, -1).abs().max().item()
+    eps_p, g = (z + 2 * lse + V + 4) * U32, 1 / T
+    assert torch.allclose(got[0], eager[0], rtol=0, atol=2 * ((V + 2) * U32 + U32 * max(1, lse)) * 2)
+    assert torch.allclose(got[3], eager[3], rtol=0, atol=2 * ((V + 2) * U32 * (1 + z) + U32 * max(1, lse)) * 2)
+    assert torch.allclose(got[1], eager[1], rtol=0, atol=2 * (2 * eps_p + 2 * V * U32) * g * wt.abs().max())
+    assert torch.allclose(got[2], eager[2], rtol=0, atol=2 * (2 * eps_p + (n + 2) * U32) * n * g * h.abs().max())
 
 
 @pytest.mark.gpu
@@ -279,7 +308,7 @@ def test_fused_head_bf16_cuda_weight_gradient_in_float32():
     h = torch.randn(n, d, generator=g).cuda().to(BF16)
     wt = (torch.randn(V, d, generator=g) / 8).cuda().to(BF16)
     y = torch.randint(0, V, (n,), generator=g).cuda()
-    _, _, gw = head_grads(h, wt, y, 1024)
+    _, _, gw, _ = head_grads(h, wt, y, 1024)
     ww = wt.clone().requires_grad_()
     torch.log_softmax((h @ ww.T).float() / 0.7, -1).gather(-1, y[:, None]).sum().backward()
     _, _, ref = reference_grads(h, wt, y)
@@ -311,7 +340,7 @@ def test_run_saved_before_packing_resumes_padded(tmp_path):
     saved["model"] = rollout.DEFAULT_MODEL
     (run / "config.json").write_text(json.dumps(saved))
     cfg = train.load_run_config(["--resume", str(run), "--max-steps", "301"])
-    assert cfg.pack is False and cfg.compile_layers is False
+    assert cfg.pack is False and cfg.compile_layers is False and cfg.compile_head is False
     assert policy.resolve_recompute(cfg) == ("full" if saved["grad_checkpointing"] else "none")
     with pytest.raises(ValueError, match="unknown settings bogus"):
         config.saved_config({**saved, "bogus": 1})
