@@ -34,7 +34,8 @@ import data
 import grpo
 import reward
 import rollout
-from machinery.memory import choose_recompute, free_memory, grad_checkpointing_default, update_memory
+from machinery.memory import (choose_recompute, free_memory, grad_checkpointing_default, largest_micro_batch,
+                              update_memory)
 from machinery.packed_attention import pack_default
 from machinery.precision import resolve_dtype
 from policy import resolve_recompute
@@ -70,7 +71,7 @@ class Config:
     group_size: int = 8               # completions per prompt, G (paper: 16)
     mini_batch_prompts: int = 8       # prompts per optimizer step (paper: 64)
     micro_batch_size: int = 64        # sequences per forward/backward on one rank
-    micro_batch_tokens: int = 0       # or rows sorted by length, <= N padded tokens each; 0 = off
+    micro_batch_tokens: Optional[int] = None  # or rows by length, <= N padded tokens each; 0 = off; unset = auto
     pack: Optional[bool] = None       # rows end to end, no padding; unset = where it measured faster
     max_prompt_len: int = 64          # prompts longer than this (tokens) are dropped (paper: 1024)
     max_new_tokens: int = 16          # response length limit (paper: 4096)
@@ -156,7 +157,7 @@ def resolve_config(cfg):
     if not 0 <= cfg.rollout_is_min < 1 < cfg.rollout_is_max:
         raise ValueError(f"need 0 <= --rollout-is-min < 1 < --rollout-is-max, "
                          f"got {cfg.rollout_is_min}, {cfg.rollout_is_max}")
-    if cfg.micro_batch_tokens < 0 or (cfg.micro_batch_tokens and cfg.share_prompt):
+    if (cfg.micro_batch_tokens or 0) < 0 or (cfg.micro_batch_tokens and cfg.share_prompt):
         raise ValueError(f"--micro-batch-tokens must be >= 0 (0 = off) and cannot be combined with "
                          f"--share-prompt (whose micro-batches are whole groups), "
                          f"got {cfg.micro_batch_tokens}")
@@ -289,6 +290,8 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None, explain=False):
     ~100-250 tokens under a 512 limit. Then --share-prompt unset (`shares_prompt_pays`).
     Then --pack unset (packed_attention.pack_default, off where the shared prompt is on),
     --compile-layers unset (COMPILE_DEFAULT) and --compile-head unset (the same table).
+    --micro-batch-tokens unset: with packed rows under compiled layers, the largest token budget whose update fits
+    (memory.largest_micro_batch), else 0 (rows of --micro-batch-size).
     Returns (cfg with the decisions, the free bytes it used, where they were read), and with `explain` the
     recomputation's reason in words (the start-up line's). Raises ValueError where no recomputation fits under auto,
     or where --share-prompt would need checkpointing off. Needs the process group."""
@@ -304,11 +307,22 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None, explain=False):
     # the memory model's inputs: packed rows have the fused head, padded ones their (rows, t + 1, V) logits (rows x
     # (t + 1) positions; under a token budget at most its tokens, in rows of one-token responses at worst)
     fused = bool(cfg.pack if cfg.pack is not None else pack_default(device) and not cfg.share_prompt)
+    model_config = AutoConfig.from_pretrained(cfg.model)
+    # --micro-batch-tokens unset: packed under compiled layers (the fewest saved tensors), the largest budget whose
+    # update fits without recomputation (or with the full recomputation asked for): larger micro-batches measured
+    # faster than less recomputation (docs/gpu.md, the pack section); a budget short of the longest row, or eager or
+    # padded rows: off, rows of --micro-batch-size as before
+    note = ""
+    if cfg.micro_batch_tokens is None:
+        budget = largest_micro_batch(model_config, dtype_bytes(cfg), free, "full" if recompute == "full" else "none",
+                                     compiled=True) if fused and compiled else 0
+        budget = budget if budget >= (longest or cfg.max_prompt_len) + cfg.max_new_tokens else 0
+        cfg = dataclasses.replace(cfg, micro_batch_tokens=budget)
+        note = f"; micro-batches of <= {budget} tokens, the most that fit compiled" if budget else ""
     tokens = micro_batch_tokens(cfg, longest)
     rows = tokens if cfg.micro_batch_tokens else cfg.micro_batch_size
     logits = None if fused else (rows, tokens if cfg.micro_batch_tokens else rows * (cfg.max_new_tokens + 1))
     estimate = dict(fused_head=fused, logits=logits, compiled=compiled)
-    model_config = AutoConfig.from_pretrained(cfg.model)
     if recompute == "auto":
         modes = ("none", "full") if compiled else ("none", "selective", "full")
         recompute, why = choose_recompute(model_config, tokens, dtype_bytes(cfg), free, modes, **estimate)
@@ -320,6 +334,7 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None, explain=False):
                              f"(~{update_memory_gb(cfg, longest):.1f} GB) would not fit in half of "
                              f"the {free / 2**30:.1f} GB free on {device}: pass "
                              f"--recompute none to run it anyway, or drop --share-prompt")
+    why += note
     share = cfg.share_prompt
     if share is None:
         share = (recompute == "none" and not cfg.pack

@@ -80,7 +80,7 @@ HONOURED = ("method", "delta", "max_ratio", "clip_c", "agg", "norm_by_std", "kl_
             "reward_incorrect", "prompts_per_step", "group_size", "mini_batch_prompts", "micro_batch_size",
             "micro_batch_tokens", "pack", "max_prompt_len", "max_new_tokens", "temperature", "top_p", "lr",
             "weight_decay", "grad_clip", "grad_checkpointing", "share_prompt", "train_dtype", "rollout",
-            "rollout_dtype", "recompute", "compile_layers")
+            "rollout_dtype", "recompute", "compile_layers", "compile_head")
 
 
 def refused_flag(rest):

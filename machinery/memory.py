@@ -76,6 +76,16 @@ def layer_bytes(model_config, b, recompute="none"):
     return 2 * (4 * h + b * h) + b * (4 * h + 4 * h_kv + 4 * i) + 4 * heads + 2 * 4
 
 
+def largest_micro_batch(model_config, dtype_bytes, free_bytes, recompute="none", fused_head=True, compiled=True,
+                        multiple=1024):
+    """--micro-batch-tokens unset (config.decide_grad_checkpointing): the most tokens a packed micro-batch may hold
+    with its update (`update_memory`: a fixed part, the parameters' and the head's, plus the layers' bytes per token)
+    within half of `free_bytes`, the caller's rule, rounded down to whole `multiple`s; 0 where not one fits."""
+    fixed = update_memory(model_config, 0, dtype_bytes, recompute, fused_head, None, compiled)
+    per_token = update_memory(model_config, 1, dtype_bytes, recompute, fused_head, None, compiled) - fixed
+    return max(0, int((free_bytes / 2 - fixed) // per_token) // multiple * multiple)
+
+
 def padded_logits_bytes(vocab, rows, positions, b, chunk=64):
     """Bytes the padded path's head needs at its peak: the logits (b bytes each) of a micro-batch's `positions`
     response positions (rows x (t + 1): logits_to_keep), then their gradient of the same size while the logits are

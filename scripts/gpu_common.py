@@ -271,7 +271,8 @@ def train_and_resume(out, steps, engine, name):
     resumed = next((line.strip() for line in log.splitlines() if "resumed from" in line), "")
     res = {
         "train_dtype": config["train_dtype"], "pack": config.get("pack"), "recompute": config.get("recompute"),
-        "compile_layers": config.get("compile_layers"),
+        "compile_layers": config.get("compile_layers"), "compile_head": config.get("compile_head"),
+        "micro_batch_tokens": config.get("micro_batch_tokens"),
         "steps": [m["step"] for m in steps],
         "time_split_s": {k[5:]: round(mean(k), 4) for k in steps[0] if k.startswith("time/")},
         "tokens_per_s": round(mean("tokens_per_s"), 1),

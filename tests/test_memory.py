@@ -184,3 +184,49 @@ def test_unset_compiled_layers_yield_to_explicit_selective(group, monkeypatch):
     assert off.compile_head is False and train.parse_config(["--no-compile-head"]).compile_head is False
     with pytest.raises(ValueError, match="--compile-layers with --recompute selective"):
         train.resolve_config(train.Config(recompute="selective", compile_layers=True))
+
+
+def test_largest_micro_batch_by_hand():
+    """A Qwen2 of h 64, 2 layers of 4 heads (head 16, 4 KV heads: h_kv 64), i 128, V 256, tied, bf16 (b 2). A compiled
+    layer keeps b (7 h + 2 h_kv + 3 i) + 4 heads + 8 = 2 x 960 + 24 = 1944 bytes a token, 3888 for both; the
+    parameters 256 x 64 + 2 (4 x 64^2 + 3 x 64 x 128) = 98,304, at 16 + 4 + b = 22 bytes each, and the fused head's
+    float32 gradient 4 x 256 x 64 = 65,536: 2,228,224 fixed. Half of free = 2,228,224 + 5000 x 3888 holds 5000
+    tokens (4096 in whole 1024s; one byte less, 4999); with full recomputation a token costs 2 x 2 x 64 + 1944 = 2200
+    (each layer's input, one compiled layer rerun): 19,440,000 / 2200 = 8836. Not one block: 0."""
+    conf = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                       intermediate_size=128, vocab_size=256, tie_word_embeddings=True)
+    free = 2 * (2_228_224 + 5000 * 3888)
+    assert memory.largest_micro_batch(conf, 2, free) == 4096
+    assert memory.largest_micro_batch(conf, 2, free, multiple=1) == 5000
+    assert memory.largest_micro_batch(conf, 2, free - 2, multiple=1) == 4999
+    assert memory.largest_micro_batch(conf, 2, free, "full", multiple=1) == 8836
+    assert memory.largest_micro_batch(conf, 2, 2 * 2_228_224) == 0 == memory.largest_micro_batch(conf, 2, 0)
+
+
+def test_unset_micro_batch_tokens_under_compiled_layers_is_the_largest_that_fits(group, monkeypatch):
+    """--micro-batch-tokens unset, packed, compiled layers: the tiny model (h 128, 4 layers, h_kv 128, i 256, V 103,
+    untied, float32) keeps 4 (7 x 128 + 2 x 128 + 3 x 256) + 24 = 7704 bytes a token per compiled layer, 30,816 for
+    four; its 681,728 parameters at 24 bytes and the head's 4 x 103 x 128: 16,414,208 fixed. Half the free memory
+    at 16,414,208 + 3000 x 30,816 holds 3000 tokens: a budget of 2048, and no recomputation. At 1000 tokens not one
+    block fits: rows of --micro-batch-size as before (64 x 24 tokens, which need full recomputation). Eager layers,
+    padded rows or a budget given: as given (0 = off)."""
+    monkeypatch.setitem(config.COMPILE_DEFAULT, "cpu", True)
+    cpu, fixed, per_token = torch.device("cpu"), 16_414_208, 30_816
+
+    def decided(free, **kw):
+        monkeypatch.setattr(config, "free_memory", lambda device: (free, "test"))
+        cfg = train.resolve_config(train.Config(pack=True, train_dtype="float32", **kw))
+        return train.decide_grad_checkpointing(cfg, cpu, [8] * 4, explain=True)
+
+    cfg, _, _, why = decided(2 * (fixed + 3000 * per_token))
+    assert (cfg.micro_batch_tokens, cfg.recompute, cfg.compile_layers) == (2048, "none", True)
+    assert "micro-batches of <= 2048 tokens" in why
+    cfg = decided(2 * (fixed + 1000 * per_token))[0]
+    assert (cfg.micro_batch_tokens, cfg.recompute) == (0, "full")
+    big = 2 * (fixed + 3000 * per_token)
+    assert decided(big, compile_layers=False)[0].micro_batch_tokens == 0
+    assert decided(big, micro_batch_tokens=512)[0].micro_batch_tokens == 512
+    assert decided(big, micro_batch_tokens=0)[0].micro_batch_tokens == 0
+    monkeypatch.setattr(config, "free_memory", lambda device: (big, "test"))
+    padded = train.resolve_config(train.Config(pack=False, train_dtype="float32"))
+    assert train.decide_grad_checkpointing(padded, cpu, [8] * 4)[0].micro_batch_tokens == 0
