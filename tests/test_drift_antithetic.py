@@ -11,7 +11,6 @@ grad-norm clip (‖-g‖ = ‖g‖) the two moves are equal and opposite.
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -142,11 +141,12 @@ def test_merge_into_keeps_both_halves(tmp_path):
     assert merged == [0] and added == 8 and skipped == [(1, "7 of 8 lines: not finished")]
 
 
-def test_refused_without_fair_coins(tmp_path):
+def test_refused_without_fair_coins(tmp_path, capsys):
     """--antithetic under a reward that reads the text, or coins of P != 1/2, is one line and exit 2, before
-    anything is written."""
+    anything is written (drift.main in this process: the refusal comes before any model or engine)."""
     for reward in ("math-verify", "random:0.3"):
-        run = subprocess.run([sys.executable, "experiments/drift.py", "--antithetic", "--out", str(tmp_path / "o"),
-                              "--", "--reward", reward], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 2 and run.stderr.count("\n") == 1 and f"not --reward {reward}" in run.stderr
+        with pytest.raises(SystemExit) as e:
+            drift.main(["--antithetic", "--out", str(tmp_path / "o"), "--", "--reward", reward])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and f"not --reward {reward}" in err
     assert not os.listdir(tmp_path)

@@ -91,9 +91,11 @@ def test_one_real_training_step_with_vllm_two_ranks(tmp_path):
     assert gap < 0.5, gap
 
 
-@pytest.mark.smoke
+@pytest.mark.slow
 def test_eval_runs_on_the_real_model(tmp_path):
-    """eval.py on SmolLM2 and 4 GSM8K test problems: a report with every promised number."""
+    """eval.py on SmolLM2 and 4 GSM8K test problems: a report with every promised number. Slow: a repeat on a
+    larger model of what `make test` checks faster (evaluation with a real engine and data every step of
+    tests/test_train.py::test_train_two_ranks_runs_end_to_end, the command line in tests/test_eval.py)."""
     report = tmp_path / "eval.json"
     r = subprocess.run([sys.executable, "eval.py", "--model", MODEL, "--data", GSM8K, "--limit", "4", "--n", "2",
                         "--max-new-tokens", "48", "--max-prompt-len", "512", "--rollout", "hf", "--out", str(report)],

@@ -120,11 +120,13 @@ def test_train_two_ranks_runs_end_to_end(engine, tmp_path):
     assert torch.isfinite(model(ids).logits).all()
 
 
-@pytest.mark.smoke
+@pytest.mark.slow
 def test_engine_old_logp_and_rollout_correction_with_token_budget(tmp_path):
     """--old-logp engine skips the trainer's π_old pass: the first mini-batch's ratio is then the engine-vs-trainer
     gap (float32 on both sides: nonzero, and small); --rollout-is sequence-mask logs its rollout_is/ metrics; both
-    with token-budget micro-batches (--micro-batch-tokens)."""
+    with token-budget micro-batches (--micro-batch-tokens). Slow: through train.py, a repeat of tests/
+    test_two_ranks.py's engine and sequence-mask scenarios under token budgets (on 1 and 2 ranks, against a
+    plain forward) and of the engine-vs-trainer gap of tests/test_smollm2.py's real step."""
     for name, flags in (("engine", ["--old-logp", "engine"]), ("is", ["--rollout-is", "sequence-mask"])):
         run = tmp_path / name
         r = subprocess.run([sys.executable, "train.py", "--max-steps", "2", "--eval-every", "0", "--no-export-hf",
