@@ -36,9 +36,8 @@ import reward
 import rollout
 from machinery.memory import (choose_recompute, free_memory, grad_checkpointing_default, largest_micro_batch,
                               update_memory)
-from machinery.packed_attention import pack_default
 from machinery.precision import resolve_dtype
-from policy import resolve_recompute
+from policy import pack_pays, resolve_recompute
 
 
 @dataclass
@@ -72,7 +71,7 @@ class Config:
     mini_batch_prompts: int = 8       # prompts per optimizer step (paper: 64)
     micro_batch_size: int = 64        # sequences per forward/backward on one rank
     micro_batch_tokens: Optional[int] = None  # or rows by length, <= N padded tokens each; 0 = off; unset = auto
-    pack: Optional[bool] = None       # rows end to end, no padding; unset = where it measured faster
+    pack: Optional[bool] = None       # rows end to end, no padding; unset = where the padding it removes pays
     max_prompt_len: int = 64          # prompts longer than this (tokens) are dropped (paper: 1024)
     max_new_tokens: int = 16          # response length limit (paper: 4096)
     temperature: float = 1.0          # rollout temperature; log-probs use logits / T (paper: 1.0)
@@ -288,7 +287,7 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None, explain=False):
     decides the same, and from the longest training prompt (`prompt_lens`, the token count of every
     training prompt; None: --max-prompt-len), not the longest allowed: GSM8K's chat prompts are
     ~100-250 tokens under a 512 limit. Then --share-prompt unset (`shares_prompt_pays`).
-    Then --pack unset (packed_attention.pack_default, off where the shared prompt is on),
+    Then --pack unset (pack_pays, off where the shared prompt is on),
     --compile-layers unset (COMPILE_DEFAULT) and --compile-head unset (the same table).
     --micro-batch-tokens unset: with packed rows under compiled layers, the largest token budget whose update fits
     (memory.largest_micro_batch), else 0 (rows of --micro-batch-size).
@@ -306,7 +305,8 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None, explain=False):
     recompute = resolve_recompute(dataclasses.replace(cfg, compile_layers=compiled))
     # the memory model's inputs: packed rows have the fused head, padded ones their (rows, t + 1, V) logits (rows x
     # (t + 1) positions; under a token budget at most its tokens, in rows of one-token responses at worst)
-    fused = bool(cfg.pack if cfg.pack is not None else pack_default(device) and not cfg.share_prompt)
+    fused = bool(cfg.pack if cfg.pack is not None
+                 else pack_pays(cfg, device, dist.get_world_size(), prompt_lens)[0] and not cfg.share_prompt)
     model_config = AutoConfig.from_pretrained(cfg.model)
     # --micro-batch-tokens unset: packed under compiled layers (the fewest saved tensors), the largest budget whose
     # update fits without recomputation (or with the full recomputation asked for): larger micro-batches measured
@@ -339,9 +339,9 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None, explain=False):
     if share is None:
         share = (recompute == "none" and not cfg.pack
                  and shares_prompt_pays(cfg, dist.get_world_size(), prompt_lens))
-    # --pack unset: where it measured faster (packed_attention.PACK_DEFAULT), unless the shared
-    # prompt, which it cannot combine with, was chosen as paying
-    pack = cfg.pack if cfg.pack is not None else pack_default(device) and not share
+    # --pack unset: where the padding it removes pays (pack_pays), unless the shared prompt, which it
+    # cannot combine with, was chosen as paying
+    pack = cfg.pack if cfg.pack is not None else pack_pays(cfg, device, dist.get_world_size(), prompt_lens)[0] and not share
     # --compile-head unset: where compiled layers are (the same table; it changes no memory estimate)
     head = cfg.compile_head if cfg.compile_head is not None else compile_default(device)
     return (dataclasses.replace(cfg, recompute=recompute, grad_checkpointing=recompute != "none",

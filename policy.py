@@ -18,12 +18,15 @@ every option that changes micro-batches, collectives or normalisers, token budge
 included); tests/test_train.py (the skip of a non-finite mini-batch); tests/test_grpo.py (the
 accumulation identity of the loss).
 """
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
 import band
 import grpo
 from logprobs import packed_logprobs, sequence_logprobs
+from machinery.packed_attention import pack_default
 # the model's build, sharding, recomputation and compiled layers (machinery a reader may skip), importable from here
 from machinery.model import (RECOMPUTE, SAVE_OPS, build_model, compile_layers, make_optimizer,  # noqa: F401
                              packed_kernel, reshard, resolve_recompute, selective_policy, set_recompute)
@@ -102,6 +105,68 @@ def _cost(rows, spans, packed):
     if packed:
         return sum(spans[i][0] + spans[i][1] for i in rows)
     return (max(spans[i][0] for i in rows) + max(max(spans[i][1] for i in rows), 1)) * len(rows)
+
+
+# --pack unset on a CPU: packing removes the padding of the padded path's micro-batches, but a packed update may cost
+# more per real token than a padded one per padded token. The SmolLM2 job (bench_cpu_roofline.py: GSM8K, 8 prompts
+# x 8, 48 new tokens, micro-batches of 8 rows, bf16, padded / real 1.01; docs/benchmarks.md), one thread's CPU s:
+# - a 2-core AMD EPYC, Zen 4, avx512_bf16, no AMX (2026-12-02): packed 84.3 and 81.0 s against padded 81.1 and
+#   80.3, 1.03x per token of its own, within the spread of the repetitions: pack where padded / real reach 1.05;
+# - a 2-core Intel Xeon with AMX (2026-11, before sdpa-block): 10.2-10.4 s packed against 8.0-8.5 padded on 2
+#   threads, 1.25x: pack there only where padded / real tokens reach 1.25.
+# CUDA: always (packed_attention.PACK_DEFAULT, measured faster there).
+PACK_MIN_PADDING = {"cpu": 1.05, "cpu-amx": 1.25}
+
+
+def _kind(device):
+    """PACK_MIN_PADDING's key of `device`: its type, "cpu-amx" for a CPU with AMX tiles."""
+    kind = torch.device(device).type
+    try:
+        with open("/proc/cpuinfo") as f:
+            return kind + "-amx" if kind == "cpu" and "amx_bf16" in f.read() else kind
+    except OSError:
+        return kind
+
+
+def start_up_padding(cfg, world, prompt_lens):
+    """Padded / real tokens of the padded path's micro-batches over the training prompts (`prompt_lens`, in data
+    order, each prompt G times, mini-batches of this rank's rows, policy.micro_batches' plan), from what start-up
+    knows: responses are taken as --max-new-tokens long. Responses that stop early add padding that packing would
+    remove too, so this is the least padding the run will see: GSM8K's chat prompts within a group are one length,
+    and there the estimate is 1."""
+    G, T = cfg.group_size, cfg.max_new_tokens
+    rows = max(1, cfg.mini_batch_prompts // world)           # prompts per mini-batch of one rank
+    plan = dataclasses.replace(cfg, pack=False)
+    padded = real = 0
+    for i in range(0, len(prompt_lens), rows):
+        spans = [(p, T) for p in prompt_lens[i:i + rows] for _ in range(G)]
+        for mb in micro_batches(slice(0, len(spans)), plan, spans):
+            idx = range(mb.start, mb.stop) if isinstance(mb, slice) else mb
+            padded += _cost(idx, spans, False)
+        real += sum(p + T for p, _ in spans)
+    return padded / real
+
+
+def pack_pays(cfg, device, world, prompt_lens):
+    """--pack unset: (pack?, why in words, the start-up line's). Where PACK_MIN_PADDING has a threshold, on where
+    start_up_padding reaches it; elsewhere packed_attention.pack_default. Decided once, at start-up: the fused head
+    is installed with the model, so a run does not switch between the packed and padded paths per batch."""
+    least = PACK_MIN_PADDING.get(_kind(device))
+    if least is None or not prompt_lens:
+        return pack_default(device), f"measured faster on {torch.device(device).type}"
+    ratio = start_up_padding(cfg, world, prompt_lens)
+    return ratio >= least, (f"auto: padded / real tokens {ratio:.2f} {'>=' if ratio >= least else '<'} {least}, "
+                            f"prompts' padding with responses of --max-new-tokens")
+
+
+def pack_reason(given, decided, device, world, prompt_lens):
+    """The start-up line's reason for packed rows on or off: `given` the Config before decide_grad_checkpointing,
+    `decided` after it."""
+    if given.pack is not None:
+        return "as given"
+    if decided.share_prompt:
+        return "off under the shared prompt"
+    return pack_pays(given, device, world, prompt_lens)[1]
 
 
 def plan_micro_batches(n_rows, cfg, spans, device):

@@ -14,10 +14,9 @@ The kernels (`KERNELS`; `choose_kernel` picks what can run, the start-up line na
   flash attention over cumulative sequence lengths, causal, GQA without copies of k and v;
 - `flex` (CUDA otherwise: float32, or before sm80; also runs on a CPU, where the tests check it):
   compiled FlexAttention with a document mask built once per forward;
-- `sdpa` (CPU): per micro-batch (`sdpa_kernel`, by N and the rows) `sdpa-rows`, causal SDPA on each
-  row's slice, or `sdpa-block`, one SDPA call with the (N, N) block-diagonal causal mask (short
-  rows, where the calls cost more than the pairs the mask adds). 8 rows of 30-300 tokens in bf16,
-  9 heads x 64, 2 cores: sdpa-rows 3.2 ms, padded SDPA 13.2, sdpa-block 13.8, compiled flex 10.3.
+- `sdpa` (CPU): per micro-batch (`sdpa_kernel`) `sdpa-rows`, causal SDPA on each row's slice, or
+  `sdpa-block`, one SDPA call with the (N, N) block-diagonal causal mask, where rows are so short
+  that the calls cost more than the pairs the mask adds (docs/benchmarks.md: both kernels' times).
 Each keeps a layer's sliding window (transformers' q - k < w) by a band in its mask, varlen's
 window_size or flex's mask_mod; `check_supported` refuses what none implements (soft-capping, sinks, dropout).
 

@@ -5,6 +5,8 @@ float64 model, finite differences or a brute-force plan, never the packed code a
 Two ranks: tests/test_two_ranks.py (scenarios pack-budget, pack-kl-is, bf16-pack).
 """
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -170,12 +172,32 @@ def test_pack_and_share_prompt_refused():
         train.resolve_config(train.Config(pack=True, share_prompt=True))
 
 
-def test_pack_default_on_cpu_unless_the_shared_prompt_pays(group):
-    """--pack unset: on a CPU packing is on (measured faster), off where --share-prompt is on."""
+def test_pack_auto_by_the_padding_it_removes(group, monkeypatch):
+    """--pack unset on a CPU: on where the padded path's padded / real tokens at start-up (responses taken as
+    --max-new-tokens) reach policy.PACK_MIN_PADDING. Hand-counted with the defaults (G 8, 16 new tokens, mini-batches
+    of 8 prompts = one micro-batch of 64 rows): prompts of 8 tokens pad nothing, 1.00; seven prompts of 4 and one of
+    20 run 64 x (20 + 16) = 2304 padded tokens for 8 x (7 x 20 + 36) = 1408 real ones, 1.64; on 2 ranks a rank's
+    mini-batch is 4 prompts: (4 x 8 x 20 + 4 x 8 x 36) / 1408 = 1.27. CUDA packs; --pack and --no-pack decide;
+    off where --share-prompt is on."""
+    cpu, lens, mixed = torch.device("cpu"), [8] * 8, [4] * 7 + [20]
     cfg = train.resolve_config(train.Config(grad_checkpointing=False))
-    assert train.decide_grad_checkpointing(cfg, torch.device("cpu"), [8] * 4)[0].pack is True
+    monkeypatch.setattr(policy, "PACK_MIN_PADDING", {"cpu": 1.5, "cpu-amx": 1.5})
+    assert policy.start_up_padding(cfg, 1, lens) == 1.0
+    assert policy.start_up_padding(cfg, 1, mixed) == 2304 / 1408
+    assert policy.start_up_padding(cfg, 2, mixed) == (4 * 8 * 20 + 4 * 8 * 36) / 1408
+    assert policy.pack_pays(cfg, cpu, 1, mixed) == (True, "auto: padded / real tokens 1.64 >= 1.5, prompts' "
+                                                          "padding with responses of --max-new-tokens")
+    assert policy.pack_pays(cfg, cpu, 2, mixed)[0] is False
+    assert policy.pack_pays(cfg, torch.device("cuda"), 1, lens)[0] is True
+    assert train.decide_grad_checkpointing(cfg, cpu, lens)[0].pack is False
+    assert train.decide_grad_checkpointing(cfg, cpu, mixed)[0].pack is True
+    for given in (True, False):
+        decided = train.decide_grad_checkpointing(train.resolve_config(train.Config(grad_checkpointing=False,
+                                                                                    pack=given)), cpu, mixed)[0]
+        assert decided.pack is given and policy.pack_reason(dataclasses.replace(cfg, pack=given), decided, cpu, 1,
+                                                            mixed) == "as given"
     shared = train.resolve_config(train.Config(grad_checkpointing=False, share_prompt=True))
-    assert train.decide_grad_checkpointing(shared, torch.device("cpu"), [8] * 4)[0].pack is False
+    assert train.decide_grad_checkpointing(shared, cpu, mixed)[0].pack is False
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

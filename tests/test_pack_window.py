@@ -202,7 +202,7 @@ def test_cuda_kernels_under_sliding_window_as_close_to_float64_as_padded(kernel)
 
 
 def test_train_refuses_unimplemented_attention_before_loading(tmp_path):
-    """`python train.py` (--pack on by default) on a model whose attention has dropout: exit code 2 and one line
+    """`python train.py --pack` on a model whose attention has dropout: exit code 2 and one line
     naming attention_dropout=0.1, before any weight loads (the model folder holds its config and tokenizer but no
     weights) and before anything is written to the run directory."""
     import json
@@ -224,7 +224,7 @@ def test_train_refuses_unimplemented_attention_before_loading(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT")}
     r = subprocess.run([sys.executable, "train.py", "--model", str(model), "--out-dir", str(tmp_path / "run"),
-                        "--rollout", "hf", "--max-steps", "1"], cwd=root, env=env, capture_output=True, text=True,
+                        "--rollout", "hf", "--max-steps", "1", "--pack"], cwd=root, env=env, capture_output=True, text=True,
                        timeout=900)  # a hang guard
     lines = [line for line in (r.stdout + r.stderr).splitlines() if "error" in line]
     assert r.returncode == 2, r.stdout + r.stderr

@@ -332,7 +332,7 @@ def test_packed_micro_batch_of_empty_responses_equals_padded():
 def test_run_saved_before_packing_resumes_padded(tmp_path):
     """A run saved before --pack, --recompute and --compile-layers existed (a committed coin run's
     config.json, without those keys) resumes as it ran: padded, its grad checkpointing as
-    recomputation, eager layers — not today's defaults (packing is on by default on a CPU)."""
+    recomputation, eager layers — not today's defaults (packing is on by default where it pays)."""
     saved = json.load(open("experiments/results/random-toy/runs/clip-d0.05-s8/config.json"))
     assert not {"pack", "recompute", "compile_layers"} & set(saved)
     run = tmp_path / "run"
