@@ -4,8 +4,8 @@ block-diagonal causal mask (sdpa-block), forward + backward of one layer's atten
 A packed micro-batch of `rows` rows of lengths drawn uniform in [L/2, L] (seeded) is N tokens; sdpa-rows runs
 sum n_i^2 of attention in `rows` calls, sdpa-block N^2 in one (the mask built once per forward and shared by the
 layers: its time is divided by --layers). Prints one table: per setting N, the two kernels' ms (median of --reps
-after a warm-up), their ratio, and the rule `packed_attention.sdpa_kernel` applies to that N (which the table
-is what decides: machinery/packed_attention.ROW_CALL_PAIRS).
+after a warm-up), their ratio, and what `packed_attention.sdpa_kernel` picks there (its constant ROW_CALL_PAIRS
+comes from this table: a row call's cost from the many-short-rows settings, a masked pair's from the long ones).
 
     python benchmarks/bench_packed_attention.py                        # bf16 and float32, ~1 min on 2 cores
     python benchmarks/bench_packed_attention.py --threads 1            # a busy machine: one thread's CPU time
