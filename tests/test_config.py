@@ -206,20 +206,24 @@ def test_a_row_longer_than_the_budget_is_its_own_micro_batch():
     assert config.micro_batch_tokens(cfg) == 4 * 80
 
 
-def _decide(rank, world, port, free_by_rank, out):
+CASES = (((1 << 40, 1 << 20), "refused"), ((1 << 40, 1 << 41), "none"))  # (free memory by rank, the decision)
+
+
+def _decide(rank, world, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE="1")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        # what this rank's device would report (a spawned process: the patch dies with it)
-        config.free_memory = lambda device: (free_by_rank[rank], "test")
-        cfg = config.Config(model=TINY, grad_checkpointing=None)
-        try:
-            decided, free, _ = config.decide_grad_checkpointing(cfg, torch.device("cpu"))
-            out.put((rank, decided.recompute, free))
-        except ValueError as e:   # auto refuses where nothing fits: the message names the free memory it used
-            out.put((rank, "refused", str(e)))
+        for case, (free_by_rank, _) in enumerate(CASES):
+            # what this rank's device would report (a spawned process: the patch dies with it)
+            config.free_memory = lambda device, f=free_by_rank: (f[rank], "test")
+            cfg = config.Config(model=TINY, grad_checkpointing=None)
+            try:
+                decided, free, _ = config.decide_grad_checkpointing(cfg, torch.device("cpu"))
+                out.put((case, rank, decided.recompute, free))
+            except ValueError as e:   # auto refuses where nothing fits: the message names the free memory it used
+                out.put((case, rank, "refused", str(e)))
     except BaseException as e:   # anything else reaches the parent at once, not at its hang guard
-        out.put((rank, "error", repr(e)))
+        out.put((-1, rank, "error", repr(e)))
         raise
     finally:
         dist.destroy_process_group()
@@ -231,27 +235,32 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("free_by_rank, expected", [((1 << 40, 1 << 20), "refused"), ((1 << 40, 1 << 41), "none")])
-def test_checkpointing_is_decided_from_the_least_free_memory_of_any_rank(free_by_rank, expected):
-    """Rank 0 has 1 TiB free, rank 1 only 1 MiB (less than the tiny model's update needs under any recomputation):
-    both ranks refuse, naming rank 1's memory (0.0 GiB), though rank 0 alone would fit. With both ample, both
-    recompute nothing and report the lesser memory."""
+def test_checkpointing_is_decided_from_the_least_free_memory_of_any_rank():
+    """Two ranks, two cases in one process group. Rank 0 has 1 TiB free, rank 1 only 1 MiB (less than the tiny
+    model's update needs under any recomputation): both ranks refuse, naming rank 1's memory (0.0 GiB), though rank 0
+    alone would fit. With both ample, both recompute nothing and report the lesser memory."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_decide, args=(r, 2, port, free_by_rank, out)) for r in range(2)]
+    procs = [ctx.Process(target=_decide, args=(r, 2, port, out)) for r in range(2)]
     for p in procs:
         p.start()
     # a hang guard: a spawned interpreter importing torch and transformers on a busy 2-core machine
-    results = sorted(out.get(timeout=600) for _ in procs)
+    results = []
+    for _ in range(2 * len(CASES)):
+        results.append(out.get(timeout=600))
+        assert results[-1][2] != "error", results[-1]
+    results.sort()
     for p in procs:
         p.join(timeout=600)
         assert p.exitcode == 0
-    assert [r[1] for r in results] == [expected, expected], results
-    if expected == "refused":
-        assert all("no recomputation fits the update in half the 0.0 GiB free" in r[2] for r in results), results
-    else:
-        assert [r[2] for r in results] == [min(free_by_rank)] * 2
+    for case, (free_by_rank, expected) in enumerate(CASES):
+        got = [r for r in results if r[0] == case]
+        assert [r[2] for r in got] == [expected, expected], results
+        if expected == "refused":
+            assert all("no recomputation fits the update in half the 0.0 GiB free" in r[3] for r in got), results
+        else:
+            assert [r[3] for r in got] == [min(free_by_rank)] * 2
 
 
 @pytest.mark.parametrize("kw,world,lens,expected", [

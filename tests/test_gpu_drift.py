@@ -6,11 +6,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import drift  # noqa: E402
 
 
+@pytest.mark.slow   # a repeat through two processes of tests/test_drift.py's --minutes and --merge-into tests
 def test_smoke_run_hands_whole_seeds_to_merge(tmp_path):
     """Two processes, --minutes 0.05 (3 s, less than a process's imports): each runs the first of its seeds (0
     and 1; the first always starts) and not its second (2, 3); both seeds are whole (1 branch point x 2 arms),

@@ -79,7 +79,8 @@ def vllm_available():
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("engine", ["vllm", "hf"])
+# hf: slow, a repeat: the HF engine's 2-rank run trains, checkpoints and exports in the resume tests below
+@pytest.mark.parametrize("engine", ["vllm", pytest.param("hf", marks=pytest.mark.slow)])
 def test_train_two_ranks_runs_end_to_end(engine, tmp_path):
     """`torchrun --nproc_per_node 2 train.py --method bandkl --delta 0.05` runs, logs, checkpoints and exports."""
     if engine == "vllm" and not vllm_available():
