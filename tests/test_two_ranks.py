@@ -30,13 +30,18 @@ NAMES = ["budget", "share-prompt", "sequence-truncate", "sequence-mask", "engine
 BF16 = ["bf16", "bf16-budget", "bf16-pack", "bf16-budget-reduce-each"]
 
 
-def torchrun_scenarios(out, nproc, names):
-    """tests/fsdp_step.py under torchrun -> its results; a run past HANG is stopped and fails."""
+def start_scenarios(out, nproc, names):
+    """tests/fsdp_step.py under torchrun, started -> (Popen, out)."""
     cmd = [TORCHRUN, "--nproc_per_node", str(nproc), "--master_port", str(free_port()),
            "tests/fsdp_step.py", str(out), *names]
     # one thread per rank on both world sizes (torchrun's default for several): the same kernels
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(env(), OMP_NUM_THREADS="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, cwd=ROOT, env=dict(env(), OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), out
+
+
+def finish_scenarios(started, nproc):
+    """-> the results of a started run; a run past HANG is stopped and fails."""
+    proc, out = started
     try:
         _, err = proc.communicate(timeout=HANG)
     except subprocess.TimeoutExpired:
@@ -47,12 +52,19 @@ def torchrun_scenarios(out, nproc, names):
     return torch.load(out)
 
 
+def torchrun_scenarios(out, nproc, names):
+    """tests/fsdp_step.py under torchrun -> its results; a run past HANG is stopped and fails."""
+    return finish_scenarios(start_scenarios(out, nproc, names), nproc)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{1: results, 2: results} of every scenario (bf16 ones where the CPU has native bf16)."""
     tmp = tmp_path_factory.mktemp("two_ranks")
     names = NAMES + (BF16 if cpu_has_native_bf16() else [])
-    return {n: torchrun_scenarios(tmp / f"ranks{n}.pt", n, names) for n in (1, 2)}
+    # both world sizes at once (three single-threaded processes): each run's numbers are its own either way
+    started = {n: start_scenarios(tmp / f"ranks{n}.pt", n, names) for n in (1, 2)}
+    return {n: finish_scenarios(started[n], n) for n in (1, 2)}
 
 
 def assert_same_update(one, two, scale=1):
