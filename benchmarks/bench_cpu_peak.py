@@ -118,6 +118,24 @@ def gemm_rate(n, k, m, dtype, reps, clock=time.perf_counter):
     return 2 * n * k * m / statistics.median(times)
 
 
+def sampled_batch(base, device):
+    """Step 0's prompts of Config `base`, sampled by the HF engine as train.py samples them -> (prompt ids, the
+    packed Batch)."""
+    import data
+    import rollout
+    import train
+    from logprobs import pack
+    records = train.prompt_batch(data.load(base.data, split="train", seed=base.seed, n=100_000), 0, base)
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(base.model)
+    prompt_ids, _, _ = data.tokenize_prompts(records, tok, base.max_prompt_len)
+    engine = rollout.make_engine("hf", base.model, tokenizer=tok, dtype=base.rollout_dtype,
+                                 max_model_len=base.max_prompt_len + base.max_new_tokens)
+    completions = engine.generate(prompt_ids, base.group_size, rollout.Sampling(
+        temperature=base.temperature, max_new_tokens=base.max_new_tokens, seed=base.seed * 1_000_003, logprobs=True))
+    engine.close()
+    return prompt_ids, pack(prompt_ids, completions, device)
+
+
 def demo_flags():
     """DEMO_REAL_FLAGS of the Makefile, so the shape is the demo's wherever it changes."""
     with open(os.path.join(ROOT, "Makefile")) as f:
@@ -145,12 +163,9 @@ def main():
     from torch.profiler import ProfilerActivity, profile
 
     import config
-    import data
     import policy
-    import rollout
     import train
     from machinery.flops import model_flops
-    from logprobs import pack
 
     load0 = os.getloadavg()
     cpu = cpu_facts()
@@ -183,18 +198,8 @@ def main():
          f"{layer / 1e9:.0f} GFLOP/s; clock {ghz} GHz")
 
     # --- a batch of the demo's shape: step 0's prompts, sampled by the HF engine ---
-    records = data.load(base.data, split="train", seed=base.seed, n=100_000)
-    records = train.prompt_batch(records, 0, base)
-    tok = __import__("transformers").AutoTokenizer.from_pretrained(base.model)
-    prompt_ids, _, _ = data.tokenize_prompts(records, tok, base.max_prompt_len)
-    engine = rollout.make_engine("hf", base.model, tokenizer=tok, dtype=base.rollout_dtype,
-                                 max_model_len=base.max_prompt_len + base.max_new_tokens)
-    completions = engine.generate(prompt_ids, base.group_size, rollout.Sampling(
-        temperature=base.temperature, max_new_tokens=base.max_new_tokens,
-        seed=base.seed * 1_000_003, logprobs=True))
-    del engine
-    note(f"rollout: {len(completions)} completions")
-    batch = pack(prompt_ids, completions, device)
+    prompt_ids, batch = sampled_batch(base, device)
+    note(f"rollout: {len(batch)} completions")
     B = len(batch)
     adv = torch.randn(B, generator=torch.Generator().manual_seed(a.seed + 1))  # (B,) loss != 0
     prompt_lens = torch.tensor([s[0] for s in batch.spans])                     # (B,)

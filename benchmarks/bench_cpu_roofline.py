@@ -36,8 +36,8 @@ MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 def gemm_rates(tokens, dtype, reps, vocab, clock):
     """{kind: FLOP/s} over the layer's linears for forward, dX and dW, and the head's forward: total FLOPs over
-    total median time of torch.mm at each shape."""
-    import torch
+    total median time of torch.mm at each shape (bench_cpu_peak.gemm_rate)."""
+    from bench_cpu_peak import gemm_rate
     shapes = {"forward": [], "backward dX": [], "backward dW": []}
     for k, n in LINEARS.values():
         shapes["forward"].append((tokens, k, n))       # X (t, k) @ W^T (k, n)
@@ -46,17 +46,9 @@ def gemm_rates(tokens, dtype, reps, vocab, clock):
     shapes["head forward"] = [(min(tokens, 2048), 576, vocab)]
     out = {}
     for kind, dims in shapes.items():
-        flops = secs = 0.0
-        for m, k, n in dims:
-            a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-            torch.mm(a, b)
-            times = []
-            for _ in range(reps):
-                t = clock()
-                torch.mm(a, b)
-                times.append(clock() - t)
-            flops, secs = flops + 2 * m * k * n, secs + statistics.median(times)
-        out[kind] = flops / secs
+        flops = [2 * m * k * n for m, k, n in dims]
+        secs = [f / gemm_rate(m, k, n, dtype, reps, clock) for f, (m, k, n) in zip(flops, dims)]   # median times
+        out[kind] = sum(flops) / sum(secs)
     return out
 
 
@@ -93,12 +85,9 @@ def main():
     from torch.profiler import ProfilerActivity, profile
 
     import config
-    import data
     import policy
-    import rollout
     import train
-    from bench_cpu_peak import cpu_facts
-    from logprobs import pack
+    from bench_cpu_peak import cpu_facts, sampled_batch
 
     load0 = os.getloadavg()
     cpu = cpu_facts()
@@ -126,15 +115,7 @@ def main():
     print(f"[{time.strftime('%H:%M:%S')}] GEMM rates measured", file=sys.stderr, flush=True)
 
     # --- a batch of the job: step 0's prompts, sampled by the HF engine ---
-    records = train.prompt_batch(data.load(base.data, split="train", seed=base.seed), 0, base)
-    tok = __import__("transformers").AutoTokenizer.from_pretrained(base.model)
-    prompt_ids, _, _ = data.tokenize_prompts(records, tok, base.max_prompt_len)
-    engine = rollout.make_engine("hf", base.model, tokenizer=tok, dtype=base.rollout_dtype,
-                                 max_model_len=base.max_prompt_len + base.max_new_tokens)
-    completions = engine.generate(prompt_ids, base.group_size, rollout.Sampling(
-        temperature=base.temperature, max_new_tokens=base.max_new_tokens, seed=base.seed * 1_000_003, logprobs=True))
-    del engine
-    batch = pack(prompt_ids, completions, device)
+    prompt_ids, batch = sampled_batch(base, device)
     adv = torch.randn(len(batch), generator=torch.Generator().manual_seed(1))           # (B,) loss != 0
     real = int(batch.attn.sum())
     print(f"[{time.strftime('%H:%M:%S')}] rollout: {len(batch)} rows, {real} real tokens", file=sys.stderr, flush=True)
