@@ -206,20 +206,24 @@ def test_a_row_longer_than_the_budget_is_its_own_micro_batch():
     assert config.micro_batch_tokens(cfg) == 4 * 80
 
 
-CASES = (((1 << 40, 1 << 20), "refused"), ((1 << 40, 1 << 41), "none"))  # (free memory by rank, the decision)
+# (free memory by rank, the decision, Config fields): the last two leave --micro-batch-tokens to auto under packed
+# rows and compiled layers (the largest budget that fits: machinery/memory.largest_micro_batch)
+CASES = (((1 << 40, 1 << 20), "refused", {}), ((1 << 40, 1 << 41), "none", {}),
+         ((1 << 40, 1 << 27), "none", dict(pack=True, compile_layers=True)),
+         ((1 << 40, 1 << 40), "none", dict(pack=True, compile_layers=True)))
 
 
 def _decide(rank, world, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE="1")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for case, (free_by_rank, _) in enumerate(CASES):
+        for case, (free_by_rank, _, fields) in enumerate(CASES):
             # what this rank's device would report (a spawned process: the patch dies with it)
             config.free_memory = lambda device, f=free_by_rank: (f[rank], "test")
-            cfg = config.Config(model=TINY, grad_checkpointing=None)
+            cfg = config.Config(model=TINY, grad_checkpointing=None, **fields)
             try:
                 decided, free, _ = config.decide_grad_checkpointing(cfg, torch.device("cpu"))
-                out.put((case, rank, decided.recompute, free))
+                out.put((case, rank, decided.recompute, free, decided.micro_batch_tokens))
             except ValueError as e:   # auto refuses where nothing fits: the message names the free memory it used
                 out.put((case, rank, "refused", str(e)))
     except BaseException as e:   # anything else reaches the parent at once, not at its hang guard
@@ -238,7 +242,9 @@ def _free_port():
 def test_checkpointing_is_decided_from_the_least_free_memory_of_any_rank():
     """Two ranks, two cases in one process group. Rank 0 has 1 TiB free, rank 1 only 1 MiB (less than the tiny
     model's update needs under any recomputation): both ranks refuse, naming rank 1's memory (0.0 GiB), though rank 0
-    alone would fit. With both ample, both recompute nothing and report the lesser memory."""
+    alone would fit. With both ample, both recompute nothing and report the lesser memory. Under packed rows and
+    compiled layers the token budget auto picks is the same on both ranks and follows the lesser memory: 128 MiB on
+    rank 1 gives a smaller budget (but one) than 1 TiB on both."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
@@ -254,13 +260,16 @@ def test_checkpointing_is_decided_from_the_least_free_memory_of_any_rank():
     for p in procs:
         p.join(timeout=600)
         assert p.exitcode == 0
-    for case, (free_by_rank, expected) in enumerate(CASES):
+    for case, (free_by_rank, expected, _) in enumerate(CASES):
         got = [r for r in results if r[0] == case]
         assert [r[2] for r in got] == [expected, expected], results
         if expected == "refused":
             assert all("no recomputation fits the update in half the 0.0 GiB free" in r[3] for r in got), results
         else:
             assert [r[3] for r in got] == [min(free_by_rank)] * 2
+            assert got[0][4] == got[1][4], results
+    budget = {case: next(r[4] for r in results if r[0] == case) for case in (2, 3)}
+    assert 0 < budget[2] < budget[3], budget
 
 
 @pytest.mark.parametrize("kw,world,lens,expected", [
