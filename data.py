@@ -398,7 +398,9 @@ def tokenize_prompts(records, tokenizer, max_prompt_len):
         firsts.setdefault(k, r["messages"])
     texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
              for m in firsts.values()]
-    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    # ids only: the attention masks a batch call builds by default took as long as the encoding itself
+    encoded = tokenizer(texts, add_special_tokens=False, return_attention_mask=False,
+                        return_token_type_ids=False)["input_ids"] if texts else []
     by_key = dict(zip(firsts, encoded))
     ids = [by_key[k] for k in keys]
     prompt_ids, kept = [], []

@@ -200,6 +200,28 @@ def test_pack_auto_by_the_padding_it_removes(group, monkeypatch):
     assert train.decide_grad_checkpointing(shared, cpu, mixed)[0].pack is False
 
 
+
+def test_start_up_padding_is_the_planners_padding():
+    """start_up_padding's one pass over every prompt = the padded path's own plan (policy.micro_batches, mini-batch
+    by mini-batch, `_cost` of each micro-batch), exact integers, for shapes whose micro-batches straddle nothing,
+    end short of a mini-batch, or hold one row, and a last mini-batch short of the others; and under token budgets,
+    where the planner itself is used."""
+    import random
+    rng = random.Random(0)
+    lens = [rng.randint(1, 60) for _ in range(203)]
+    for G, mini, world, mb, T in [(8, 8, 1, 64, 16), (4, 6, 2, 5, 12), (3, 2, 2, 1, 0), (16, 4, 1, 7, 64)]:
+        cfg = dataclasses.replace(train.Config(), group_size=G, mini_batch_prompts=mini, micro_batch_size=mb,
+                                  max_new_tokens=T, micro_batch_tokens=0, pack=False)
+        rows, padded, real = max(1, mini // world), 0, 0
+        for i in range(0, len(lens), rows):
+            spans = [(p, T) for p in lens[i:i + rows] for _ in range(G)]
+            for s in policy.micro_batches(slice(0, len(spans)), cfg, spans):
+                padded += policy._cost(range(s.start, s.stop), spans, False)
+            real += sum(p + T for p, _ in spans)
+        assert policy.start_up_padding(cfg, world, lens) == padded / real, (G, mini, world, mb, T)
+    budget = dataclasses.replace(cfg, micro_batch_tokens=300)
+    assert policy.start_up_padding(budget, 1, lens) >= 1.0
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_packed_update_equals_padded_with_kl_and_rollout_correction(group, dtype):
     """FSDP2 update (2 mini-batches, the clip binding, the KL term, a token-level rollout
