@@ -117,15 +117,18 @@ def shares_engine(cfg):
 
 
 RESUME_FREE = ("out_dir", "resume", "keep_checkpoints", "wandb")  # Config fields a trajectory's maths ignores
+DECIDED = ("recompute", "grad_checkpointing", "compile_layers", "compile_head", "share_prompt", "pack",
+           "micro_batch_tokens")  # Config fields train.decide_grad_checkpointing sets at start-up
 SHAPING = ("arms", "every", "probe_prompts", "probe_samples", "matched_lr", "check_all", "antithetic")  # its own
 
 
-def check_resume(run_dir, ckpt, cfg, args, device):
+def check_resume(run_dir, ckpt, cfg, args, device, unchecked=(), write=True):
     """A seed continues only with the settings it began with, on the machine it began on: its checkpoint's Config
     (all but RESUME_FREE) and drift.py's flags that shape its lines (SHAPING) and the machine, kept in
     <run_dir>/drift.json (written whenever the seed starts afresh; --branches may grow). A key newer than the
     record is not compared; a seed begun by a drift.py without the record has none checked. Raises SystemExit
-    naming the first difference, before a model is built."""
+    naming the first difference, before a model is built. `unchecked`: Config fields not compared (main's check
+    before start-up has not decided them yet); `write`: False writes no record."""
     path = os.path.join(run_dir, "drift.json")
     now = {**{k: getattr(args, k) for k in SHAPING}, "machine": machine(device)}
     if ckpt:
@@ -137,13 +140,14 @@ def check_resume(run_dir, ckpt, cfg, args, device):
             with open(path) as f:
                 began = json.load(f)
         # a field newer than the record is not compared: the seed began before it existed
-        for key, old, new in ([(k, saved[k], v) for k, v in mine.items() if k in saved and k not in RESUME_FREE] +
+        for key, old, new in ([(k, saved[k], v) for k, v in mine.items()
+                               if k in saved and k not in RESUME_FREE + tuple(unchecked)] +
                               [(k if k == "machine" else f"--{k.replace('_', '-')}", began[k], v)
                                for k, v in now.items() if k in began]):
             if old != new:
                 raise SystemExit(f"drift.py: {run_dir} began with {key} = {old!r}, not {new!r}: resume a seed "
                                  f"with the settings it began with, on its machine, or give it another --out")
-    else:
+    elif write:
         os.makedirs(run_dir, exist_ok=True)
         with open(path + ".tmp", "w") as f:
             json.dump(now, f)
@@ -371,6 +375,16 @@ def main(argv=None):
     for arm in args.arms:
         arm_config(cfg, arm, args.matched_lr)  # unknown arms fail before anything starts
     policy.check_batch_shape(cfg, 1)
+    # every seed's resume, before a model, an engine or a process group starts (the fields start-up decides are
+    # compared once decided, in run_seed)
+    device = torch.device("cuda", train.LOCAL_RANK) if torch.cuda.is_available() else torch.device("cpu")
+    for seed in args.seeds:
+        run_dir = os.path.join(args.out, f"s{seed}")
+        ckpt = latest_checkpoint(run_dir) if os.path.isdir(run_dir) else None
+        if ckpt and not args.resume:
+            raise SystemExit(f"drift.py: {run_dir} exists; pass --resume to continue it")
+        check_resume(run_dir, ckpt, dataclasses.replace(cfg, seed=seed, out_dir=args.out), args, device,
+                     unchecked=DECIDED, write=False)
     os.makedirs(args.out, exist_ok=True)
     import transformers
     from transformers import AutoTokenizer

@@ -168,7 +168,8 @@ class CharTokenizer:
         assert add_generation_prompt and not tokenize
         return "<user>" + messages[0]["content"] + ("<assistant>" if add_generation_prompt else "")
 
-    def __call__(self, texts, add_special_tokens):
+    def __call__(self, texts, add_special_tokens, return_attention_mask, return_token_type_ids):
+        assert not (add_special_tokens or return_attention_mask or return_token_type_ids)
         return {"input_ids": [[ord(ch) for ch in t] for t in texts]}
 
 

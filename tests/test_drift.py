@@ -204,68 +204,70 @@ def _shell_env():
     return env
 
 
-def test_small_run_and_resume(tmp_path):
-    """The command runs 2 branch points x 2 arms, writes the public keys, and --resume with more branch points
-    keeps the finished lines and adds only the new step."""
-    cmd = [sys.executable, os.path.join(ROOT, "experiments", "drift.py"), "--seeds", "0", "--arms", "clip,noclip",
-           "--probe-prompts", "4", "--probe-samples", "2", "--out", str(tmp_path), "--branches", "2", "--",
-           "--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", "2", "--max-new-tokens", "8",
-           "--train-dtype", "float32", "--rollout-dtype", "float32"]
+def _refused(argv, capsys, monkeypatch):
+    """drift.main(argv) in this process, where it must refuse before a model, an engine or a process group starts:
+    (exit code, what it said)."""
+    def started(*args, **kwargs):
+        raise AssertionError("something started before the refusal")
+    for mod, name in ((drift.policy, "build_model"), (drift.rollout, "make_engine"), (drift.train, "init_distributed")):
+        monkeypatch.setattr(mod, name, started)
+    with pytest.raises(SystemExit) as e:
+        drift.main(argv)
+    code = e.value.code
+    return code, (code if isinstance(code, str) else "") + capsys.readouterr().err
+
+
+def test_small_run_minutes_and_resume(tmp_path, capsys, monkeypatch):
+    """The command runs 2 branch points x 2 arms of its first seed and writes the public keys; --minutes 0.001
+    (60 ms) lets no second seed start after it, and says so. --resume with more branch points keeps the finished
+    lines and adds only the new step. Refused before anything starts, one line each: a run that exists without
+    --resume, a seed resumed with another lr, other arms or on another machine, --minutes 0; --skip-merged leaves
+    out a merged seed, here all of them."""
+    cmd = [sys.executable, os.path.join(ROOT, "experiments", "drift.py"), "--seeds", "0,1", "--minutes", "0.001",
+           "--arms", "clip,noclip", "--probe-prompts", "4", "--probe-samples", "2", "--out", str(tmp_path),
+           "--branches", "2", "--", "--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", "2",
+           "--max-new-tokens", "8", "--train-dtype", "float32", "--rollout-dtype", "float32"]
     env = _shell_env()
-    subprocess.run(cmd, check=True, cwd=ROOT, env=env, capture_output=True, timeout=600)
+    done = subprocess.run(cmd, check=True, cwd=ROOT, env=env, capture_output=True, timeout=600)
+    assert b"stopping before seed 1 to end within 0.001 minutes" in done.stderr
     first = [json.loads(x) for x in open(tmp_path / "pairs.jsonl")]
-    assert [(r["step"], r["arm"]) for r in first] == [(0, "clip"), (0, "noclip"), (1, "clip"), (1, "noclip")]
+    assert [(r["seed"], r["step"], r["arm"]) for r in first] == [(0, 0, "clip"), (0, 0, "noclip"), (0, 1, "clip"),
+                                                                 (0, 1, "noclip")]
     for key in ("seed", "step", "arm", "dH_probe", "dH_probe_is", "dH_train", "kl", "cells"):
         assert all(key in r for r in first), key
     cmd[cmd.index("--branches") + 1] = "3"
-    refused = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=600)
-    assert refused.returncode != 0 and b"--resume" in refused.stderr  # an existing run is not overwritten
     cut = cmd.index("--")
-    subprocess.run(cmd[:cut] + ["--resume"] + cmd[cut:], check=True, cwd=ROOT, env=env, capture_output=True,
-                   timeout=600)
+    resume = cmd[:cut] + ["--resume"] + cmd[cut:]
+    code, said = _refused(cmd[2:], capsys, monkeypatch)
+    assert code and "pass --resume" in said  # an existing run is not overwritten
+    subprocess.run(resume, check=True, cwd=ROOT, env=env, capture_output=True, timeout=600)
     again = [json.loads(x) for x in open(tmp_path / "pairs.jsonl")]
     assert again[:4] == first
     assert [(r["step"], r["arm"]) for r in again[4:]] == [(2, "clip"), (2, "noclip")]
     assert all(r["machine"] for r in again)
     # a seed resumes only with the settings it began with: another lr, or other arms, is refused by name
-    other_arms = list(cmd)
-    other_arms[cmd.index("--arms") + 1] = "clip"
+    other_arms = list(resume)
+    other_arms[resume.index("--arms") + 1] = "clip"
     record = json.loads((tmp_path / "s0" / "drift.json").read_text())
     assert record["arms"] == ["clip", "noclip"] and record["machine"]
-    for bad, name in ((cmd[:cut] + ["--resume"] + cmd[cut:] + ["--lr", "3e-4"], b"began with lr = "),
-                      (other_arms[:cut] + ["--resume"] + other_arms[cut:], b"began with --arms = ")):
-        refused = subprocess.run(bad, cwd=ROOT, env=env, capture_output=True, timeout=600)
-        assert refused.returncode != 0 and name in refused.stderr, refused.stderr[-300:]
+    for bad, name in ((resume + ["--lr", "3e-4"], "began with lr = "), (other_arms, "began with --arms = ")):
+        code, said = _refused(bad[2:], capsys, monkeypatch)
+        assert code and name in said and len(said.strip().splitlines()) == 1, said
     (tmp_path / "s0" / "drift.json").write_text(json.dumps(dict(record, machine="another CPU")))
-    refused = subprocess.run(cmd[:cut] + ["--resume"] + cmd[cut:], cwd=ROOT, env=env, capture_output=True,
-                             timeout=600)
-    assert refused.returncode != 0 and b"began with machine = 'another CPU'" in refused.stderr
+    code, said = _refused(resume[2:], capsys, monkeypatch)
+    assert code and "began with machine = 'another CPU'" in said, said
     assert [json.loads(x) for x in open(tmp_path / "pairs.jsonl")] == again  # nothing was redone or lost
-
-
-def test_minutes_stops_between_whole_seeds(tmp_path):
-    """--minutes 0.001 (60 ms): the first seed always runs, and no second one fits after it; the run says so and
-    keeps the first seed's lines. --minutes 0 is refused by name. --skip-merged leaves out a merged seed."""
-    cmd = [sys.executable, os.path.join(ROOT, "experiments", "drift.py"), "--seeds", "0,1", "--arms", "clip,noclip",
-           "--probe-prompts", "4", "--probe-samples", "2", "--out", str(tmp_path), "--branches", "1", "--minutes",
-           "0.001", "--", "--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", "2",
-           "--max-new-tokens", "8", "--train-dtype", "float32", "--rollout-dtype", "float32"]
-    env = _shell_env()
-    done = subprocess.run(cmd, check=True, cwd=ROOT, env=env, capture_output=True, timeout=600)
-    assert b"stopping before seed 1 to end within 0.001 minutes" in done.stderr
-    assert {(r["seed"], r["arm"]) for r in map(json.loads, open(tmp_path / "pairs.jsonl"))} == {
-        (0, "clip"), (0, "noclip")}
-    cmd[cmd.index("--minutes") + 1] = "0"
-    refused = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=600)
-    assert refused.returncode == 2 and b"--minutes must be above 0, got 0" in refused.stderr
+    minutes = list(resume)
+    minutes[resume.index("--minutes") + 1] = "0"
+    code, said = _refused(minutes[2:], capsys, monkeypatch)
+    assert code == 2 and "--minutes must be above 0, got 0" in said, said
     # a fresh machine leaves out the seeds the committed file holds: here all of them, so nothing starts
     target = tmp_path / "committed.jsonl.gz"
-    drift.merge_into(str(tmp_path), str(target), branches=1, every=1)
-    cmd[cmd.index("--minutes") + 1] = "1"
-    cmd[cmd.index("--seeds") + 1] = "0"
-    skipped = subprocess.run(cmd[:2] + ["--skip-merged", str(target)] + cmd[2:], check=True, cwd=ROOT, env=env,
-                             capture_output=True, timeout=600)
-    assert f"seeds [0] are in {target} already; running none".encode() in skipped.stderr
+    drift.merge_into(str(tmp_path), str(target), branches=3, every=1)
+    seed0 = list(resume)
+    seed0[resume.index("--seeds") + 1] = "0"
+    assert drift.main(["--skip-merged", str(target)] + seed0[2:]) is None
+    assert f"seeds [0] are in {target} already; running none" in capsys.readouterr().err
 
 
 REFUSALS = [("kl-coef", "0.001"), ("old-logp", "engine"), ("eps-low", "0.1"), ("eps-high", "0.3"), ("max-steps", "5"),

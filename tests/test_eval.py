@@ -73,7 +73,7 @@ class FakeTokenizer:
     def apply_chat_template(self, messages, add_generation_prompt, tokenize):
         return "<u>" + messages[0]["content"] + "<a>"
 
-    def __call__(self, texts, add_special_tokens):
+    def __call__(self, texts, add_special_tokens, **ids_only):
         return {"input_ids": [[ord(ch) for ch in t] for t in texts]}
 
 
