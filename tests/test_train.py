@@ -4,7 +4,8 @@ Claims checked: the main job runs with both rollout engines and writes the promi
 Hugging Face export; FSDP2 with 2 ranks takes the same optimizer step as 1 rank on the same global batch; a run
 killed with SIGKILL resumes from its last checkpoint, with another recomputation mode, and ends where an
 uninterrupted run ends; a gzipped run resumes with its metrics; bad flags fail with one line and exit code 2 before
-anything starts; two "nodes" on localhost rendezvous and train.
+anything starts; two "nodes" on localhost rendezvous and train as one node's 2 ranks do (the resume test's
+uninterrupted run).
 """
 import json
 import math
@@ -211,12 +212,12 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     """SIGKILL after the step-2 checkpoint, then --resume: same steps, same data position, same metrics; with
     --keep-checkpoints 1 only the newest checkpoint is left, and the resumed run keeps that setting. The resume asks
     for full recomputation where the run had none (time and memory, not the maths): it says so, runs it, and still
-    ends where the uninterrupted run ends."""
+    ends where the uninterrupted run ends. The uninterrupted run is two "nodes" on localhost (`--nnodes 2`, one
+    process each): they rendezvous, train, and are the same 2 ranks as one node's."""
     args = ["--method", "bandkl", "--rollout", "hf", "--max-steps", "4", "--save-every", "2", "--keep-checkpoints",
             "1", "--eval-every", "0", "--no-export-hf", *FAST]
     full = tmp_path / "full"
-    r = torchrun([*args, "--out-dir", str(full)])
-    assert r.returncode == 0, r.stderr[-3000:]
+    two_nodes(full, args)
 
     cut = tmp_path / "cut"
     cmd = [TORCHRUN, "--nproc_per_node", "2", "--master_port", str(free_port()), "train.py", *args,
@@ -346,18 +347,14 @@ def test_bad_flags_exit_2_with_one_line(case, bad_flag_runs):
     assert not (d / f"run{case}").exists()
 
 
-@pytest.mark.smoke
-def test_two_nodes_on_localhost(tmp_path):
-    """`--nnodes 2` rendezvous on localhost (one process per "node") runs a training step."""
+def two_nodes(run, args):
+    """`--nnodes 2` rendezvous on localhost, one process per "node", running train.py `args` into `run`."""
     port = free_port()
-    run = tmp_path / "run"
     procs = []
     for node in (0, 1):
         cmd = [TORCHRUN, "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node),
-               "--master_addr", "127.0.0.1", "--master_port", str(port), "train.py", "--rollout", "hf",
-               "--max-steps", "1", "--eval-every", "0", "--no-export-hf", "--out-dir", str(run), *FAST]
+               "--master_addr", "127.0.0.1", "--master_port", str(port), "train.py", *args, "--out-dir", str(run)]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     results = [p.communicate(timeout=HANG) for p in procs]
     assert all(p.returncode == 0 for p in procs), results[0][1][-2000:] + results[1][1][-2000:]
-    assert [m["step"] for m in read_metrics(run)] == [1]
