@@ -312,7 +312,7 @@ def main(argv=None):
         if cfg.pack:  # what the packed path does not implement: refused before the model loads
             check_packable(transformers.AutoConfig.from_pretrained(cfg.model), packed_kernel(cfg, device))
     except ValueError as e:
-        print0(f"train.py: error: {e}")
+        print0(f"train.py: error: {e}", file=sys.stderr)
         dist.destroy_process_group()
         sys.exit(2)
     keep_freed_memory(cfg, device, free, max(map(len, prompt_ids)))

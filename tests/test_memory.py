@@ -163,7 +163,7 @@ def test_auto_refuses_where_nothing_fits_and_a_forced_mode_runs(group, monkeypat
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as e:
         train.main(["--micro-batch-size", str(10**7), "--out-dir", str(out)])
-    lines = [line for line in capsys.readouterr().out.splitlines() if "error" in line]
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert e.value.code == 2 and len(lines) == 1 and "no recomputation fits" in lines[0], lines
     assert not out.exists()
 

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -301,6 +302,9 @@ BAD_FLAGS = [
     (["--micro-batch-tokens", "256", "--share-prompt", "--no-grad-checkpointing"], "--micro-batch-tokens"),
     (["--reward", "coin"], "unknown --reward 'coin'"),
     (["--reward", "random:1.5"], "random:P needs a probability"),
+    # last: refused after the process group starts (the packed kernel depends on the device), before any weight
+    # loads: the model folder ({dropout_model}, made by the fixture) holds its config and tokenizer but no weights
+    (["--model", "{dropout_model}", "--rollout", "hf", "--pack"], "attention_dropout=0.1"),
 ]
 # train.main on every case of BAD_FLAGS in one process (an interpreter with torch, transformers and vLLM costs ~4 s
 # to start): its exit code and what it wrote to stderr, per case; the first case also runs as its own command
@@ -324,7 +328,16 @@ print(json.dumps(results))
 @pytest.fixture(scope="module")
 def bad_flag_runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad-flags")
-    argvs = [[*flags, "--out-dir", str(d / f"run{i}")] for i, (flags, _) in enumerate(BAD_FLAGS)]
+    import rollout
+    model = d / "dropout-model"  # packed attention has no dropout
+    model.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
+                 "bandpo.json"):
+        shutil.copy(os.path.join(rollout.DEFAULT_MODEL, name), model / name)
+    with open(os.path.join(rollout.DEFAULT_MODEL, "config.json")) as f:
+        (model / "config.json").write_text(json.dumps(dict(json.load(f), attention_dropout=0.1)))
+    argvs = [[f.format(dropout_model=model) for f in flags] + ["--out-dir", str(d / f"run{i}")]
+             for i, (flags, _) in enumerate(BAD_FLAGS)]
     r = subprocess.run([sys.executable, "-c", _BAD_FLAGS_DRIVER, json.dumps(argvs)], cwd=ROOT, env=env(),
                        capture_output=True, text=True, timeout=HANG)
     assert r.returncode == 0, r.stderr[-3000:]
