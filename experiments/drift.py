@@ -171,9 +171,7 @@ def run_seed(args, cfg, engine, tokenizer, device, bar):
     run_dir = os.path.join(args.out, f"s{cfg.seed}")
     pairs_file = os.path.join(args.out, "seeds", f"s{cfg.seed}.jsonl")
     total = args.branches * args.every
-    ckpt = latest_checkpoint(run_dir) if os.path.isdir(run_dir) else None
-    if ckpt and not args.resume:
-        raise SystemExit(f"drift.py: {run_dir} exists; pass --resume to continue it")
+    ckpt = latest_checkpoint(run_dir) if os.path.isdir(run_dir) else None  # main refused it without --resume
     check_resume(run_dir, ckpt, cfg, args, device)
     n_probe = args.probe_prompts
     records, probe_ids = load_prompts(cfg, tokenizer, n_probe * args.branches)
