@@ -361,13 +361,14 @@ def test_bad_flags_exit_2_with_one_line(case, bad_flag_runs):
 
 
 def two_nodes(run, args):
-    """`--nnodes 2` rendezvous on localhost, one process per "node", running train.py `args` into `run`."""
+    """`--nnodes 2` rendezvous on localhost, one process per "node", running train.py `args` into `run`. One thread
+    each, as torchrun gives two processes on one node (it leaves a single process its threads): the same kernels."""
     port = free_port()
     procs = []
     for node in (0, 1):
         cmd = [TORCHRUN, "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node),
                "--master_addr", "127.0.0.1", "--master_port", str(port), "train.py", *args, "--out-dir", str(run)]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=dict(env(), OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
     results = [p.communicate(timeout=HANG) for p in procs]
     assert all(p.returncode == 0 for p in procs), results[0][1][-2000:] + results[1][1][-2000:]
