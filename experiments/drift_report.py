@@ -238,10 +238,11 @@ def report(rows, subset=None, segment=None, plan=None, rules=TOY):
             "table.", "",
             "| contrast | reading | seeds | mean ± 95% t | median [sign interval] (coverage) | label |",
             "|---|---|---|---|---|---|"]
-    for name, weights, margin in rules.family + rules.exploratory:
+    family = {name for name, _, _ in rules.family}   # a family contrast is not listed again as exploratory
+    for name, weights, margin in rules.family + tuple(e for e in rules.exploratory if e[0] not in family):
         if not all(a in arms for a in weights):
             continue
-        own = ("dH_probe",) if (name, weights, margin) in rules.exploratory else ()
+        own = () if name in family else ("dH_probe",)
         for key in own + ("dH_probe_is", "dH_train"):
             seeds, _ = contrast(data, weights, key)
             m, half, n, _ = t_of(seeds)

@@ -164,6 +164,10 @@ def test_smollm2_lean_rules_by_hand():
     assert d.SMOLLM2.collapse == pytest.approx(0.007884, rel=F64 * 8)
     md = d.report(_lean_rows((2, 3, 4), (-5, -6, -7)), rules=d.SMOLLM2)[0]
     r = md[md.index("## Readings"):md.index("## Exploratory")]
+    rows = [x.split(" | ")[:2] for x in md[md.index("## Exploratory"):md.index("## Token anatomy")].splitlines()
+            if x.startswith("| ") and "−" in x]   # a family contrast once, its dH_probe in the family table only
+    assert sorted(map(tuple, rows)) == [("| bandkl − clip", "dH_probe_is"), ("| bandkl − clip", "dH_train"),
+                                        ("| clip − noclip", "dH_probe_is"), ("| clip − noclip", "dH_train")], rows
     assert "- the clip acted: it bounded 2.00% of an update's tokens (the plan asks for 1%)" in r
     assert ("- bandkl − clip: -6.00 ± 3.58e-4, [-9.58, -2.42] (97.5%): **Band-KL lowers the entropy change against the "
             "clip (against the paper's direction)** (Holm step 1, at 97.5%); the interval excludes a collapse-sized "
