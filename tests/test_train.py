@@ -370,5 +370,10 @@ def two_nodes(run, args):
                "--master_addr", "127.0.0.1", "--master_port", str(port), "train.py", *args, "--out-dir", str(run)]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=dict(env(), OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
-    results = [p.communicate(timeout=HANG) for p in procs]
+    try:
+        results = [p.communicate(timeout=HANG) for p in procs]
+    finally:  # a node that never finds its peer waits for it: a hang guard stops both
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     assert all(p.returncode == 0 for p in procs), results[0][1][-2000:] + results[1][1][-2000:]
