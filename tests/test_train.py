@@ -375,5 +375,9 @@ def two_nodes(run, args):
     finally:  # a node that never finds its peer waits for it: a hang guard stops both
         for p in procs:
             if p.poll() is None:
-                p.kill()
+                p.terminate()  # torchrun stops its workers on SIGTERM
+                try:
+                    p.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
     assert all(p.returncode == 0 for p in procs), results[0][1][-2000:] + results[1][1][-2000:]
