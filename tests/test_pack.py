@@ -200,12 +200,11 @@ def test_pack_auto_by_the_padding_it_removes(group, monkeypatch):
     assert train.decide_grad_checkpointing(shared, cpu, mixed)[0].pack is False
 
 
-
 def test_start_up_padding_is_the_planners_padding():
     """start_up_padding's one pass over every prompt = the padded path's own plan (policy.micro_batches, mini-batch
     by mini-batch, `_cost` of each micro-batch), exact integers, for shapes whose micro-batches straddle nothing,
-    end short of a mini-batch, or hold one row, and a last mini-batch short of the others; and under token budgets,
-    where the planner itself is used."""
+    end short of a mini-batch, or hold one row, and a last mini-batch short of the others. Under token budgets the
+    planner itself runs: its padded tokens are never fewer than the real ones."""
     import random
     rng = random.Random(0)
     lens = [rng.randint(1, 60) for _ in range(203)]
@@ -221,6 +220,7 @@ def test_start_up_padding_is_the_planners_padding():
         assert policy.start_up_padding(cfg, world, lens) == padded / real, (G, mini, world, mb, T)
     budget = dataclasses.replace(cfg, micro_batch_tokens=300)
     assert policy.start_up_padding(budget, 1, lens) >= 1.0
+
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_packed_update_equals_padded_with_kl_and_rollout_correction(group, dtype):

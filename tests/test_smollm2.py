@@ -153,8 +153,8 @@ def two_stops(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="module")
 def vllm_two_stops(two_stops, tokenizer):
-    """One vLLM engine on `two_stops` for this module (an engine start is most of a vLLM test's time): the
-    stop-token test samples it first, the tied-embedding sync after it changes its weights."""
+    """One vLLM engine on `two_stops` for this module's vLLM tests: the stop-token test samples it first, the
+    tied-embedding sync after it changes its weights."""
     if not rollout.vllm_available():
         pytest.skip("vllm is not installed")
     engine = rollout.make_engine("vllm", two_stops[0], tokenizer=tokenizer, max_model_len=640, dtype="float32")
