@@ -36,6 +36,7 @@ import reward
 import rollout
 from machinery.memory import (choose_recompute, free_memory, grad_checkpointing_default, largest_micro_batch,
                               update_memory)
+from machinery.packed_attention import float32_attention
 from machinery.precision import resolve_dtype
 from policy import pack_pays, resolve_recompute
 
@@ -308,6 +309,8 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None, explain=False):
     fused = bool(cfg.pack if cfg.pack is not None
                  else pack_pays(cfg, device, dist.get_world_size(), prompt_lens)[0] and not cfg.share_prompt)
     model_config = AutoConfig.from_pretrained(cfg.model)
+    # packed rows on a CPU without AMX keep their attention's tensors in float32 (packed_attention.float32_attention)
+    attention = 4 if fused and float32_attention(device) else dtype_bytes(cfg)
     # --micro-batch-tokens unset: packed under compiled layers (the fewest saved tensors), the largest budget whose
     # update fits without recomputation (or with the full recomputation asked for): larger micro-batches measured
     # faster than less recomputation (docs/gpu.md, the pack section); a budget short of the longest row, or eager or
@@ -315,14 +318,14 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None, explain=False):
     note = ""
     if cfg.micro_batch_tokens is None:
         budget = largest_micro_batch(model_config, dtype_bytes(cfg), free, "full" if recompute == "full" else "none",
-                                     compiled=True) if fused and compiled else 0
+                                     compiled=True, attention_bytes=attention) if fused and compiled else 0
         budget = budget if budget >= (longest or cfg.max_prompt_len) + cfg.max_new_tokens else 0
         cfg = dataclasses.replace(cfg, micro_batch_tokens=budget)
         note = f"; micro-batches of <= {budget} tokens, the most that fit compiled" if budget else ""
     tokens = micro_batch_tokens(cfg, longest)
     rows = tokens if cfg.micro_batch_tokens else cfg.micro_batch_size
     logits = None if fused else (rows, tokens if cfg.micro_batch_tokens else rows * (cfg.max_new_tokens + 1))
-    estimate = dict(fused_head=fused, logits=logits, compiled=compiled)
+    estimate = dict(fused_head=fused, logits=logits, compiled=compiled, attention_bytes=attention)
     if recompute == "auto":
         modes = ("none", "full") if compiled else ("none", "selective", "full")
         recompute, why = choose_recompute(model_config, tokens, dtype_bytes(cfg), free, modes, **estimate)

@@ -235,6 +235,7 @@ def token_logprobs(logits, targets, *, chunk_size=64, with_entropy=False, temper
 PACKED_FORWARD = "bandpo_packed_forward"  # the method enable_packing gives the model
 PACKED_KERNEL = "bandpo_packed_kernel"    # its attention kernel (packed_attention.KERNELS)
 PACKED_WINDOWS = "bandpo_packed_windows"  # its layers' sliding windows (packed_attention.model_windows)
+PACKED_UPCAST = "bandpo_packed_upcast"    # bf16 attention computed in float32 (packed_attention.float32_attention)
 HEAD_CHUNK = "bandpo_head_chunk"          # its fused head's rows per chunk (head_chunk_rows)
 HEAD_COMPILED = "bandpo_head_compiled"    # its fused head's chunk functions compiled (--compile-head)
 # The fused head's chunk: its temporaries (~12 bytes a logit: the float32 block, its exp, the
@@ -252,7 +253,7 @@ def head_chunk_rows(vocab, budget=HEAD_CHUNK_BYTES, most=2048):
     return int(max(1, min(most, budget // (12 * vocab))))
 
 
-def enable_packing(model, kernel=None, chunk=None, compile_head=False):
+def enable_packing(model, kernel=None, chunk=None, compile_head=False, upcast=None):
     """Let `model` (a Llama/Qwen2-style causal LM, FSDP2-sharded or not) run packed micro-batches:
     attention through machinery/packed_attention.py's implementation (which serves padded calls
     with transformers' SDPA as before), and `_packed_forward` as a method FSDP2 treats as a forward
@@ -260,7 +261,8 @@ def enable_packing(model, kernel=None, chunk=None, compile_head=False):
     the LM head's weight can be read outside `forward`. `kernel`: the packed attention kernel
     (None: packed_attention.kernel_for the weights' device in bfloat16); `chunk`: the fused head's
     rows per chunk (None: head_chunk_rows of the vocabulary); `compile_head`: its chunk functions
-    through torch.compile (machinery/fused_head.py). Refuses (ValueError, one line) a
+    through torch.compile (machinery/fused_head.py); `upcast`: the SDPA kernels compute bf16
+    attention in float32 (None: packed_attention.float32_attention of the device). Refuses (ValueError, one line) a
     model whose attention or head the packed path does not implement, before anything runs.
     Returns the model."""
     import types
@@ -278,6 +280,8 @@ def enable_packing(model, kernel=None, chunk=None, compile_head=False):
     setattr(model, PACKED_WINDOWS, tuple(sorted(windows, key=lambda w: -1 if w is None else w)))
     setattr(model, HEAD_CHUNK, int(chunk or head_chunk_rows(head.weight.shape[0])))
     setattr(model, HEAD_COMPILED, bool(compile_head))
+    setattr(model, PACKED_UPCAST, bool(packed_attention.float32_attention(head.weight.device)
+                                       if upcast is None else upcast))
     if isinstance(model, FSDPModule):
         register_fsdp_forward_method(model, PACKED_FORWARD)
     return model
@@ -318,7 +322,8 @@ def packed_logprobs(model, input_ids, n_prompt, spans, temperature=1.0, with_ent
     ids = input_ids[x["row"], x["col"]]                                                  # (N,)
     packing = packed_attention.make_packing([p + r for p, r in spans], dev,
                                             kernel or getattr(model, PACKED_KERNEL),
-                                            getattr(model, PACKED_WINDOWS), x["lengths"])
+                                            getattr(model, PACKED_WINDOWS), x["lengths"],
+                                            getattr(model, PACKED_UPCAST))
     logp, ent = getattr(model, PACKED_FORWARD)(ids[None], x["pos"][None], packing, x["src"],
                                                ids[x["src"] + 1], temperature, with_entropy)
     at = (x["dst_row"], x["dst_col"])

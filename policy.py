@@ -27,9 +27,11 @@ import band
 import grpo
 from logprobs import packed_logprobs, sequence_logprobs
 from machinery.packed_attention import pack_default
+from machinery.precision import cpu_has_amx
 # the model's build, sharding, recomputation and compiled layers (machinery a reader may skip), importable from here
 from machinery.model import (RECOMPUTE, SAVE_OPS, build_model, compile_layers, make_optimizer,  # noqa: F401
-                             packed_kernel, reshard, resolve_recompute, selective_policy, set_recompute)
+                             packed_kernel, packed_words, reshard, resolve_recompute, selective_policy,
+                             set_recompute)
 
 
 # --- the batch's shape ---------------------------------------------------------------------------
@@ -121,11 +123,7 @@ PACK_MIN_PADDING = {"cpu": 1.05, "cpu-amx": 1.25}
 def _kind(device):
     """PACK_MIN_PADDING's key of `device`: its type, "cpu-amx" for a CPU with AMX tiles."""
     kind = torch.device(device).type
-    try:
-        with open("/proc/cpuinfo") as f:
-            return kind + "-amx" if kind == "cpu" and "amx_bf16" in f.read() else kind
-    except OSError:
-        return kind
+    return kind + "-amx" if kind == "cpu" and cpu_has_amx() else kind
 
 
 def start_up_padding(cfg, world, prompt_lens):

@@ -52,8 +52,8 @@ from machinery.jsonl import resumed_lines
 from config import (Config, decide_grad_checkpointing, method_defaults, micro_batch_tokens,  # noqa: F401
                     parse_config, resolve_config, resumed_config, update_fits, update_memory_gb)
 from logprobs import check_packable, pack, sequence_logprobs
-from policy import (batch_logprobs, build_model, check_batch_shape,  # noqa: F401 (re-exported)
-                    make_optimizer, old_policy_sums, on_policy, pack_reason, packed_kernel, reshard, update_policy)
+from policy import (batch_logprobs, build_model, check_batch_shape, make_optimizer,  # noqa: F401 (re-exported)
+                    old_policy_sums, on_policy, pack_reason, packed_kernel, packed_words, reshard, update_policy)
 
 
 # --- distributed: a few explicit lines, the same path for 1 and N processes ----------------------
@@ -342,7 +342,7 @@ def main(argv=None):
            f"method {cfg.method} delta {cfg.delta} | {cfg.train_dtype} trainer, {cfg.rollout_dtype} engine "
            f"(gap {gap:.1e} nats/token) | recompute {cfg.recompute} ({why}; {free / 2**30:.0f} GB free on {device} "
            f"per rank, least of {WORLD}, from {free_source}) | shared prompt {'on' if cfg.share_prompt else 'off'} | "
-           f"packed rows {'on, ' + packed_kernel(cfg, device) + ' attention' if cfg.pack else 'off'} ({pack_reason(given, cfg, device, WORLD, lens)}) | "
+           f"packed rows {'on, ' + packed_words(cfg, device) if cfg.pack else 'off'} ({pack_reason(given, cfg, device, WORLD, lens)}) | "
            f"compiled layers {'on' if cfg.compile_layers else 'off'}, head {'on' if cfg.compile_head else 'off'} | "
            f"peak RSS {peak_rss_gb():.1f} GB")
 

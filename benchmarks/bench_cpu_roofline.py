@@ -6,7 +6,9 @@ float32 at SmolLM2-135M's layer shapes for a micro-batch of --tokens tokens: eac
 dW = dY^T X, and the head's (576 x 49,152). Then one update of the SmolLM2 job (bench_vs_trl.py's: GSM8K, 8
 prompts x 8 samples from the HF engine, --max-new-tokens, 2 optimizer steps, micro-batches of 8 rows, the
 dtype `--train-dtype auto` picks) timed packed and padded (--no-pack), interleaved, median of --updates after
-a warm-up, and one packed update under torch.profiler, its time split by phase from each op's own time:
+a warm-up (in bf16 on a CPU without AMX also packed with the attention in bf16, `packed-bf16-attn`, against the
+default's float32 attention: packed_attention.float32_attention), and one packed update under torch.profiler, its
+time split by phase from each op's own time:
 layer matmuls (mm/addmm/bmm without the vocabulary in their shapes), attention (SDPA and what it calls), head
 (any op with the vocabulary in its shapes: the fused head's matmuls and its log-softmax), optimizer (under
 AdamW's step and zero_grad), elementwise (every other aten op) and other (the rest of the wall time: Python,
@@ -85,9 +87,11 @@ def main():
     from torch.profiler import ProfilerActivity, profile
 
     import config
+    import logprobs
     import policy
     import train
     from bench_cpu_peak import cpu_facts, sampled_batch
+    from machinery import packed_attention
 
     load0 = os.getloadavg()
     cpu = cpu_facts()
@@ -121,12 +125,17 @@ def main():
     print(f"[{time.strftime('%H:%M:%S')}] rollout: {len(batch)} rows, {real} real tokens", file=sys.stderr, flush=True)
 
     settings, models = {}, {}
-    for name, pk in (("packed", True), ("padded", False)):
+    kinds = [("packed", True), ("padded", False)]
+    if dtype == "bfloat16" and packed_attention.float32_attention(device):
+        kinds.append(("packed-bf16-attn", True))
+    for name, pk in kinds:
         cfg, free, _ = config.decide_grad_checkpointing(config.dataclasses.replace(base, pack=pk), device,
                                                         [len(x) for x in prompt_ids])
         settings[name] = cfg
         torch.manual_seed(cfg.seed)
         model = policy.build_model(cfg, device)
+        if name == "packed-bf16-attn":
+            setattr(model, logprobs.PACKED_UPCAST, False)
         models[name] = (model, policy.make_optimizer(model, cfg))
     padded_tokens = {name: sum(policy._cost(list(range(r.start, r.stop)) if isinstance(r, slice) else r,
                                             batch.spans, cfg.pack)
@@ -179,7 +188,9 @@ def main():
     print(f"\nThe job's update: {len(batch)} rows, {real} real tokens, {dtype}; padded / real tokens "
           + ", ".join(f"{n} {padded_tokens[n] / real:.2f}" for n in settings) + "; update s (median of "
           f"{a.updates}): " + ", ".join(f"{n} {statistics.median(times[n]):.2f}" for n in settings)
-          + f"; packed / padded {statistics.median(times['packed']) / statistics.median(times['padded']):.2f}")
+          + f"; packed / padded {statistics.median(times['packed']) / statistics.median(times['padded']):.2f}"
+          + (f"; packed / packed-bf16-attn {statistics.median(times['packed']) / statistics.median(times['packed-bf16-attn']):.2f}"
+             if "packed-bf16-attn" in times else ""))
     print(f"\n| phase (packed update, profiled: {wall:.2f} s) | s | share | GFLOP/s | of the GEMM rate ({dtype}) |")
     print("|---|---:|---:|---:|---:|")
     for ph, (s, fl) in phases.items():

@@ -22,7 +22,7 @@ import torch
 
 # --- the estimate --------------------------------------------------------------------------------
 def update_memory(model_config, tokens, dtype_bytes, recompute="none", fused_head=False, logits=None,
-                  compiled=False):
+                  compiled=False, attention_bytes=None):
     """Bytes an update needs on one device, roughly, under `recompute` (machinery/model.set_recompute): the
     tensors a Llama/Qwen2 decoder layer keeps for its backward, per token (`layer_bytes`, eager or compiled), times
     layers and the micro-batch's tokens, plus 16 bytes per parameter (fp32 weights, gradients and the two AdamW
@@ -31,6 +31,7 @@ def update_memory(model_config, tokens, dtype_bytes, recompute="none", fused_hea
     compute-dtype weights held gathered from the first forward to the last backward), plus, for the fused head of packed
     micro-batches (machinery/fused_head.py), its float32 weight gradient (V x h) before it is cast to the weights'
     dtype, or for padded micro-batches their logits and gradient (`logits`: (rows, positions), `padded_logits_bytes`).
+    attention_bytes: the attention's compute dtype (`layer_bytes`' a; None: dtype_bytes).
     On one H200 the measured peaks ran ~1.45x the saved tensors under both none and selective (docs/gpu.md): the
     caller's half-the-free-memory rule leaves that room."""
     if compiled and recompute == "selective":
@@ -40,49 +41,54 @@ def update_memory(model_config, tokens, dtype_bytes, recompute="none", fused_hea
               * (1 if model_config.tie_word_embeddings else 2)
               + n * (4 * model_config.hidden_size ** 2
                      + 3 * model_config.hidden_size * model_config.intermediate_size))
-    layer = layer_bytes(model_config, dtype_bytes, "compiled" if compiled else "none")
+    a = attention_bytes
+    layer = layer_bytes(model_config, dtype_bytes, "compiled" if compiled else "none", a)
     # full: each layer's input, and one layer's whole set while its backward reruns it
     kept = {"none": n * layer, "full": n * layer_bytes(model_config, dtype_bytes, "full") + layer,
-            "selective": n * layer_bytes(model_config, dtype_bytes, "selective")}[recompute]
+            "selective": n * layer_bytes(model_config, dtype_bytes, "selective", a)}[recompute]
     head = 4 * model_config.vocab_size * model_config.hidden_size if fused_head else 0
     if logits is not None:
         head += padded_logits_bytes(model_config.vocab_size, *logits, dtype_bytes)
     return tokens * kept + (16 + 4 + dtype_bytes) * params + head
 
 
-def layer_bytes(model_config, b, recompute="none"):
+def layer_bytes(model_config, b, recompute="none", a=None):
     """Bytes one decoder layer keeps for its backward per token, in compute dtype of b bytes, as transformers'
-    Llama/Qwen2 layers do with the CPU's packed kernel (tests/test_recompute.py counts them on a real layer):
-    none — each RMSNorm a float32 copy of its input and its output (4 h + b h bytes), q k v (h + 2 h_kv), the
-    rotary's rotate_half copies and rotated q k (2 h + 2 h_kv), the attention output (h), gate, up, act(gate) and
-    their product (4 i), plus float32 scalars per token (the attention's log-sum-exp per head, each norm's 1/rms);
-    selective — what a matmul or the attention made and the layer's input: q k v, attention, o, gate, up, down, input
-    (5 h + 2 h_kv + 2 i) and the log-sum-exp; full — the layer's input (h); compiled (--compile-layers, no
-    recomputation: what Inductor's partitioner saves, counted on a compiled layer) — the input and both norms'
-    outputs, the rotated q k and v, the attention's output per row and joined, the residual, gate, up and their
-    product (7 h + 2 h_kv + 3 i), the log-sum-exp and the two 1/rms."""
+    Llama/Qwen2 layers do with the CPU's packed kernel (tests/test_memory.py counts them on real layers), the attention
+    computing in a bytes (None: b; 4 where packed_attention.float32_attention casts bf16 q, k, v up):
+    none — each RMSNorm a float32 copy of its input and its output (4 h + b h bytes), q k v and the rotary's
+    rotate_half copies (2 h + 2 h_kv), gate, up, act(gate) and their product (4 i), what the attention saves in a
+    bytes: the rotated q, k, v and its output (2 h + 2 h_kv), plus float32 scalars per token (the attention's
+    log-sum-exp per head, each norm's 1/rms); selective — what a matmul or the attention made and the layer's input:
+    q k v, o, gate, up, down, input (4 h + 2 h_kv + 2 i), the attention's output (h, in a bytes) and the log-sum-exp;
+    full — the layer's input (h); compiled (--compile-layers, no recomputation: what Inductor's partitioner saves,
+    counted on a compiled layer) — the input and both norms' outputs, the attention's output joined, the residual,
+    gate, up and their product (5 h + 3 i), the rotated q k and v and the attention's output per row (2 h + 2 h_kv,
+    in a bytes: the eager kernel saves them), the log-sum-exp and the two 1/rms."""
+    a = b if a is None else a
     h, i = model_config.hidden_size, model_config.intermediate_size
     heads = model_config.num_attention_heads
     h_kv = (getattr(model_config, "num_key_value_heads", None) or heads) * (
         getattr(model_config, "head_dim", None) or h // heads)
     if recompute == "selective":
-        return b * (5 * h + 2 * h_kv + 2 * i) + 4 * heads
+        return b * (4 * h + 2 * h_kv + 2 * i) + a * h + 4 * heads
     if recompute == "full":
         return b * h
     if recompute == "compiled":
-        return b * (7 * h + 2 * h_kv + 3 * i) + 4 * heads + 2 * 4
+        return b * (5 * h + 3 * i) + a * (2 * h + 2 * h_kv) + 4 * heads + 2 * 4
     if recompute != "none":
         raise ValueError(f"layer_bytes: unknown mode {recompute!r}")
-    return 2 * (4 * h + b * h) + b * (4 * h + 4 * h_kv + 4 * i) + 4 * heads + 2 * 4
+    return 2 * (4 * h + b * h) + b * (2 * h + 2 * h_kv + 4 * i) + a * (2 * h + 2 * h_kv) + 4 * heads + 2 * 4
 
 
 def largest_micro_batch(model_config, dtype_bytes, free_bytes, recompute="none", fused_head=True, compiled=True,
-                        multiple=1024):
+                        multiple=1024, attention_bytes=None):
     """--micro-batch-tokens unset (config.decide_grad_checkpointing): the most tokens a packed micro-batch may hold
     with its update (`update_memory`: a fixed part, the parameters' and the head's, plus the layers' bytes per token)
     within half of `free_bytes`, the caller's rule, rounded down to whole `multiple`s; 0 where not one fits."""
-    fixed = update_memory(model_config, 0, dtype_bytes, recompute, fused_head, None, compiled)
-    per_token = update_memory(model_config, 1, dtype_bytes, recompute, fused_head, None, compiled) - fixed
+    fixed = update_memory(model_config, 0, dtype_bytes, recompute, fused_head, None, compiled, attention_bytes)
+    per_token = update_memory(model_config, 1, dtype_bytes, recompute, fused_head, None, compiled,
+                              attention_bytes) - fixed
     return max(0, int((free_bytes / 2 - fixed) // per_token) // multiple * multiple)
 
 
@@ -103,13 +109,13 @@ def grad_checkpointing_default(model_config, tokens, dtype_bytes, free_bytes):
 
 
 def choose_recompute(model_config, tokens, dtype_bytes, free_bytes, modes=("none", "selective", "full"),
-                     fused_head=False, logits=None, compiled=False):
+                     fused_head=False, logits=None, compiled=False, attention_bytes=None):
     """--recompute auto: the cheapest of `modes` (in the order of their FLOPs: none, then selective, which reruns
     only element-wise ops, then full, a third more matmul FLOPs) whose update (`update_memory`) fits in half the
     memory free on the device. -> (mode, the reason in words, for the start-up line). Raises ValueError, one line with
     every mode's estimate, where none fits: a forced mode (--recompute full) is the user's call, not auto's."""
-    gib = {m: update_memory(model_config, tokens, dtype_bytes, m, fused_head, logits, compiled) / 2**30
-           for m in modes}
+    gib = {m: update_memory(model_config, tokens, dtype_bytes, m, fused_head, logits, compiled,
+                            attention_bytes) / 2**30 for m in modes}
     half = free_bytes / 2 / 2**30
     logit_note = (f" (the padded logits and their gradient "
                   f"{padded_logits_bytes(model_config.vocab_size, *logits, dtype_bytes) / 2**30:.1f} GiB of each)"
@@ -126,9 +132,10 @@ def choose_recompute(model_config, tokens, dtype_bytes, free_bytes, modes=("none
 
 
 def recompute_default(model_config, tokens, dtype_bytes, free_bytes, modes=("none", "selective", "full"),
-                      fused_head=False, logits=None, compiled=False):
+                      fused_head=False, logits=None, compiled=False, attention_bytes=None):
     """`choose_recompute`'s mode alone."""
-    return choose_recompute(model_config, tokens, dtype_bytes, free_bytes, modes, fused_head, logits, compiled)[0]
+    return choose_recompute(model_config, tokens, dtype_bytes, free_bytes, modes, fused_head, logits, compiled,
+                            attention_bytes)[0]
 
 
 # --- the memory free ----------------------------------------------------------------------------

@@ -103,6 +103,13 @@ def packed_kernel(cfg, device):
     return packed_attention.kernel_for(device, dtype)
 
 
+def packed_words(cfg, device):
+    """The start-up line's packed attention: its kernel, computed in float32 where a bf16 run's is cast up
+    (packed_attention.float32_attention)."""
+    up = cfg.train_dtype == "bfloat16" and packed_attention.float32_attention(device)
+    return f"{packed_kernel(cfg, device)} attention{' in float32' if up else ''}"
+
+
 # --- recomputation and compiled layers -------------------------------------------------------------
 # Selective recomputation keeps what a matmul or an attention kernel made and recomputes the element-wise rest (norms,
 # rotary, SwiGLU's product, residual adds), which is memory-bound and cheap to redo. torchtitan's op-level policy

@@ -14,9 +14,9 @@ The kernels (`KERNELS`; `choose_kernel` picks what can run, the start-up line na
   flash attention over cumulative sequence lengths, causal, GQA without copies of k and v;
 - `flex` (CUDA otherwise: float32, or before sm80; also runs on a CPU, where the tests check it):
   compiled FlexAttention with a document mask built once per forward;
-- `sdpa` (CPU): per micro-batch (`sdpa_kernel`) `sdpa-rows`, causal SDPA on each row's slice, or
-  `sdpa-block`, one SDPA call with the (N, N) block-diagonal causal mask, where rows are so short
-  that the calls cost more than the pairs the mask adds (docs/benchmarks.md: both kernels' times).
+- `sdpa` (CPU): per micro-batch (`sdpa_kernel`) `sdpa-rows`, causal SDPA on each row's slice, or `sdpa-block`, one
+  SDPA call with the (N, N) block-diagonal causal mask, where rows are so short that the calls cost more than the
+  pairs the mask adds (docs/benchmarks.md); bf16 in float32 on a CPU without AMX (`float32_attention`).
 Each keeps a layer's sliding window (transformers' q - k < w) by a band in its mask, varlen's
 window_size or flex's mask_mod; `check_supported` refuses what none implements (soft-capping, sinks, dropout).
 
@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from machinery.precision import cpu_has_amx
 
 NAME = "bandpo_packed"  # the attention implementation a packed model is built with
 
@@ -53,6 +55,7 @@ class Packing:
     max_len: int                # the longest row
     block_masks: Optional[dict] = None  # flex only: {window: document mask}, built once per forward
     dense_masks: Optional[dict] = None  # sdpa-block only: {window: (N, N) bool}, built once per forward
+    upcast: bool = False        # sdpa only: bf16/fp16 attention computed in float32 (`float32_attention`)
 
 
 def choose_kernel(device_type, capability=None, dtype=torch.bfloat16, has_varlen=None):
@@ -89,6 +92,17 @@ def choose_kernel(device_type, capability=None, dtype=torch.bfloat16, has_varlen
 ROW_CALL_PAIRS = 600
 
 
+# bf16 (or fp16) packed attention on a CPU without AMX computes in float32: q, k and v cast up, the output back
+# (`_upcast`). `python benchmarks/bench_packed_attention.py --threads 1` (2026-12-02, a 2-core AMD EPYC, Zen 4,
+# avx512_bf16, no AMX; docs/benchmarks.md) ran a row's bf16 SDPA 1.5-2.6x slower than float32's at SmolLM2's heads,
+# and the SmolLM2 job's packed update then took 0.91x the padded one's time (bench_cpu_roofline.py). The float32
+# copies of q, k, v and the output are what the backward keeps instead of bf16 ones (machinery/memory.layer_bytes'
+# attention bytes). With AMX, bf16 tiles are that CPU's fast path, and bf16 attention is kept there (unmeasured).
+def float32_attention(device):
+    """Whether a packed model on `device` computes its bf16/fp16 attention in float32: a CPU without AMX."""
+    return torch.device(device).type == "cpu" and not cpu_has_amx()
+
+
 def sdpa_kernel(lengths):
     """The SDPA kernel of a packed micro-batch of rows of `lengths` tokens (ROW_CALL_PAIRS' rule):
     sdpa-block where N^2 - sum n_i^2 <= ROW_CALL_PAIRS (rows - 1), else sdpa-rows."""
@@ -104,12 +118,13 @@ def kernel_for(device, dtype=torch.bfloat16):
     return choose_kernel(device.type, cap, dtype)
 
 
-def make_packing(lengths, device, kernel=None, windows=(None,), device_lengths=None):
+def make_packing(lengths, device, kernel=None, windows=(None,), device_lengths=None, upcast=False):
     """Packing of rows of `lengths` tokens (each >= 1) laid end to end on `device`. windows: the
     sliding windows the model's layers use (`model_windows`; None: full causal attention), for
     which flex and sdpa-block build their masks here, once per forward ("sdpa" resolved here by
-    `sdpa_kernel`). device_lengths: the same lengths already on
-    the device (int64), so that nothing more is copied from the host."""
+    `sdpa_kernel`). device_lengths: the same lengths already on the device (int64), so that nothing
+    more is copied from the host. upcast: the SDPA kernels compute bf16/fp16 attention in float32
+    (`float32_attention`)."""
     kernel = kernel or kernel_for(device)
     ends = torch.tensor(lengths).cumsum(0).tolist()
     bounds = list(zip([0] + ends[:-1], ends))
@@ -131,7 +146,7 @@ def make_packing(lengths, device, kernel=None, windows=(None,), device_lengths=N
                                       output_size=ends[-1])                   # (N,) row of a token
         block_masks = {w: create_block_mask(document_mask(doc, w), None, None, ends[-1], ends[-1],
                                             device=device) for w in windows}
-    return Packing(kernel, bounds, cu, max(lengths), block_masks, dense_masks)
+    return Packing(kernel, bounds, cu, max(lengths), block_masks, dense_masks, upcast)
 
 
 def document_mask(doc, window=None):
@@ -194,8 +209,17 @@ def _varlen_has_window():
 
 
 # --- the kernels: q (1, H, N, D), k and v (1, Hkv, N, D) -> (1, N, H, D) -------------------------
+def _upcast(q, k, v, packing):
+    """q, k, v in float32 where the packing asks for it (`float32_attention`), and the dtype to return in."""
+    dtype = q.dtype
+    if packing.upcast and dtype in (torch.bfloat16, torch.float16):
+        q, k, v = q.float(), k.float(), v.float()
+    return q, k, v, dtype
+
+
 @torch.compiler.disable  # a loop over the rows' host-side bounds: left out of a compiled layer
 def _sdpa_rows(q, k, v, packing, scale, window=None):
+    q, k, v, dtype = _upcast(q, k, v, packing)
     gqa = q.shape[1] != k.shape[1]
     out = []
     for s, e in packing.bounds:
@@ -207,15 +231,16 @@ def _sdpa_rows(q, k, v, packing, scale, window=None):
         out.append(F.scaled_dot_product_attention(
             q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], attn_mask=band, is_causal=band is None,
             scale=scale, enable_gqa=gqa))                                       # (1, H, n_i, D)
-    return torch.cat(out, 2).transpose(1, 2)
+    return torch.cat(out, 2).transpose(1, 2).to(dtype)
 
 
 def _sdpa_block(q, k, v, packing, scale, window=None):
     # one SDPA call over the whole packed sequence, its (N, N) block-diagonal causal mask built once per forward
     # (make_packing): N^2 work where the rows need sum n_i^2, against one call instead of one per row
+    q, k, v, dtype = _upcast(q, k, v, packing)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.dense_masks[window], scale=scale,
                                          enable_gqa=q.shape[1] != k.shape[1])          # (1, H, N, D)
-    return out.transpose(1, 2)
+    return out.transpose(1, 2).to(dtype)
 
 
 def _varlen(q, k, v, packing, scale, window=None):

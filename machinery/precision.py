@@ -17,15 +17,23 @@ import torch
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def cpu_has_native_bf16():
-    """True where the CPU computes bf16 natively: avx512_bf16 or amx_bf16 in /proc/cpuinfo."""
+def cpu_flags():
+    """The CPU's feature flags from /proc/cpuinfo (an empty set where it cannot be read: not Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")),
-                         [])
+            return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
     except OSError:  # not Linux: no cheap way to ask, take the safe choice
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return set()
+
+
+def cpu_has_native_bf16():
+    """True where the CPU computes bf16 natively: avx512_bf16 or amx_bf16 in /proc/cpuinfo."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def cpu_has_amx():
+    """True where the CPU has AMX's bf16 tiles (amx_bf16 in /proc/cpuinfo)."""
+    return "amx_bf16" in cpu_flags()
 
 
 def resolve_dtype(dtype):

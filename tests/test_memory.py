@@ -25,7 +25,9 @@ def test_memory_model_by_hand_and_auto_picks_the_cheapest_that_fits():
     layer — none 2 (32 + 16) + 2 (32 + 16 + 64) + 4·4 + 8 = 344, selective 2 (40 + 8 + 32) + 16 =
     176, full 2·8 = 16, compiled 2 (56 + 8 + 48) + 16 + 8 = 248 — so per token none 688, selective 352, full
     2·16 + 344 = 376, compiled 496 and compiled full 2·16 + 248 = 280; the fused head adds 4·10·8 = 320 bytes; 4
-    padded rows of 5 positions, 2·20·10·2 + 4·20·10 = 1600. Where no mode fits, auto refuses with every estimate."""
+    padded rows of 5 positions, 2·20·10·2 + 4·20·10 = 1600. The attention in float32 (a = 4 bytes) keeps its rotated
+    q, k, v and output in 4 bytes instead of 2: none 344 + 2 (16 + 8) = 392 per layer, selective (its output only)
+    176 + 2·8 = 192. Where no mode fits, auto refuses with every estimate."""
     conf = types.SimpleNamespace(hidden_size=8, intermediate_size=16, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=10,
                                  tie_word_embeddings=False)
@@ -34,6 +36,8 @@ def test_memory_model_by_hand_and_auto_picks_the_cheapest_that_fits():
         assert memory.update_memory(conf, 100, 2, mode) == b
         assert memory.update_memory(conf, 100, 2, mode, fused_head=True) == b + 320
         assert memory.update_memory(conf, 100, 2, mode, logits=(4, 20)) == b + 1600
+    assert memory.update_memory(conf, 100, 2, "none", attention_bytes=4) == 78400 + 31680
+    assert memory.update_memory(conf, 100, 2, "selective", attention_bytes=4) == 38400 + 31680
     assert memory.update_memory(conf, 100, 2, "none", compiled=True) == 49600 + 31680
     assert memory.update_memory(conf, 100, 2, "full", compiled=True) == 28000 + 31680
     assert memory.recompute_default(conf, 100, 2, 2 * want["none"]) == "none"
@@ -62,18 +66,20 @@ SHAPE = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_k
              max_position_embeddings=512)
 
 
-def kept_per_token(mode, dtype, shape=SHAPE):
+def kept_per_token(mode, dtype, shape=SHAPE, upcast=False):
     """Bytes one decoder layer keeps for its backward per token, counted on a packed Qwen2-shaped model (grouped-query
-    heads, biases) over 256 tokens: the difference between 2 layers and 1. Two counts: the distinct storages that
+    heads, biases; no KV cache, as policy.build_model) over 256 tokens, its bf16 attention computed in float32 where
+    `upcast` (packed_attention.float32_attention): the difference between 2 layers and 1. Two counts: the distinct storages that
     saved-tensor hooks see, and the distinct storages of every op's output still alive after the forward (weak
     references). The hooks see all a layer saves without recomputation; inside a checkpointed layer torch's own hooks
     take what is saved, so there what a layer keeps is what stays alive. -> {count: bytes per token}."""
     def saved(layers):
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(Qwen2Config(**shape, num_hidden_layers=layers), dtype=dtype)
+        model = AutoModelForCausalLM.from_config(Qwen2Config(**shape, num_hidden_layers=layers, use_cache=False),
+                                                 dtype=dtype)
         model = enable_packing(model, "sdpa-rows").train()
         policy.set_recompute(model, mode)
-        packing = packed_attention.make_packing([100, 156], "cpu", "sdpa-rows")
+        packing = packed_attention.make_packing([100, 156], "cpu", "sdpa-rows", upcast=upcast)
         kw = dict(input_ids=torch.randint(0, shape["vocab_size"], (1, 256)), packing=packing,
                   position_ids=torch.cat([torch.arange(100), torch.arange(156)])[None])
         hooked, refs = {}, []
@@ -99,30 +105,34 @@ def kept_per_token(mode, dtype, shape=SHAPE):
     return {k: (two[k] - one[k]) / 256 for k in one}
 
 
-@pytest.mark.parametrize("dtype", [FP32, BF16])
+@pytest.mark.parametrize("dtype, upcast", [(FP32, False), (BF16, False), (BF16, True)])
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
-def test_layer_bytes_are_what_a_layer_keeps(mode, dtype):
-    """memory.layer_bytes in each mode against what a real layer keeps, counted (`kept_per_token`); without
-    recomputation both counts agree, which is what makes the count of storages alive a measure of what is kept."""
-    kept = kept_per_token(mode, dtype)
-    assert kept["alive"] == memory.layer_bytes(Qwen2Config(**SHAPE), dtype.itemsize, mode)
+def test_layer_bytes_are_what_a_layer_keeps(mode, dtype, upcast):
+    """memory.layer_bytes in each mode against what a real layer keeps, counted (`kept_per_token`), bf16 attention
+    in bf16 and in float32 (its a = 4); without recomputation both counts agree, which is what makes the count of
+    storages alive a measure of what is kept."""
+    kept = kept_per_token(mode, dtype, upcast=upcast)
+    a = 4 if upcast else None
+    assert kept["alive"] == memory.layer_bytes(Qwen2Config(**SHAPE), dtype.itemsize, mode, a)
     if mode == "none":
         assert kept["hooks"] == kept["alive"]
 
 
-def test_compiled_layer_bytes_are_what_a_compiled_layer_saves():
+@pytest.mark.parametrize("dtype, upcast", [(FP32, False), (BF16, True)])
+def test_compiled_layer_bytes_are_what_a_compiled_layer_saves(dtype, upcast):
     """memory.layer_bytes(compiled) against the saved-tensor count of a compiled decoder layer (Inductor's partitioner
-    chooses what to save, less than the eager layer keeps), float32, over 256 packed tokens: the storages its call
-    saves, less its weights and the rotary's cos and sin (computed once for all layers). Compiled before the count,
-    which the shapes of test_compiled_layers_*'s grouped-query model let share their compilation."""
+    chooses what to save, less than the eager layer keeps), float32, and bf16 with its attention in float32, over 256
+    packed tokens: the storages its call saves, less its weights and the rotary's cos and sin (computed once for all
+    layers). Compiled before the count, which the shapes of test_compiled_layers_*'s grouped-query model let share
+    their compilation in float32."""
     shape = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
                  max_position_embeddings=512)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(Qwen2Config(**shape, num_hidden_layers=1), dtype=FP32)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**shape, num_hidden_layers=1), dtype=dtype)
     layer = policy.compile_layers(enable_packing(model, "sdpa-rows").train()).model.layers[0]
-    packing = packed_attention.make_packing([100, 156], "cpu", "sdpa-rows")
+    packing = packed_attention.make_packing([100, 156], "cpu", "sdpa-rows", upcast=upcast)
     pos = torch.cat([torch.arange(100), torch.arange(156)])[None]
-    x = torch.randn(1, 256, 32, requires_grad=True)
+    x = torch.randn(1, 256, 32, dtype=dtype, requires_grad=True)
     cos, sin = model.model.rotary_emb(x, pos)
     layer(x, attention_mask=None, position_ids=pos, position_embeddings=(cos, sin), packing=packing)  # compiles
     saved = {}
@@ -134,8 +144,9 @@ def test_compiled_layer_bytes_are_what_a_compiled_layer_saves():
         layer(x, attention_mask=None, position_ids=pos, position_embeddings=(cos, sin), packing=packing)
     skip = {t.untyped_storage().data_ptr() for t in (*model.parameters(), cos, sin)}
     conf = Qwen2Config(**shape)
-    assert sum(v for k, v in saved.items() if k not in skip) / 256 == memory.layer_bytes(conf, 4, "compiled")
-    assert memory.layer_bytes(conf, 4, "compiled") < memory.layer_bytes(conf, 4, "none")
+    b, a = dtype.itemsize, 4 if upcast else None
+    assert sum(v for k, v in saved.items() if k not in skip) / 256 == memory.layer_bytes(conf, b, "compiled", a)
+    assert memory.layer_bytes(conf, b, "compiled", a) < memory.layer_bytes(conf, b, "none", a)
 
 
 def test_auto_recompute_decided_by_memory(group):

@@ -78,11 +78,14 @@ def test_fused_head_gradcheck():
 
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="no native bf16 (avx512_bf16, amx_bf16)")
-def test_packed_bf16_as_close_to_float64_as_padded():
-    """bf16: packed and padded log-probs against the float64 model. Both round weights and
-    activations to bf16 with the same depth, so their errors have the same scale (the premise of
-    scripts/gpu_check.py's vLLM tolerance): the packed error is at most twice the padded one."""
+@pytest.mark.parametrize("upcast", [False, True])
+def test_packed_bf16_as_close_to_float64_as_padded(upcast):
+    """bf16: packed and padded log-probs against the float64 model, the packed attention in bf16 and in float32
+    (packed_attention.float32_attention). Both round weights and activations to bf16 with the same depth, so their
+    errors have the same scale (the premise of scripts/gpu_check.py's vLLM tolerance): the packed error is at most
+    twice the padded one."""
     model = model64(tied=True)
+    setattr(model, logprobs.PACKED_UPCAST, upcast)
     ids, attn, P = rows(seed=3)
     mask = attn[:, P:].bool()
     with torch.no_grad():
@@ -94,6 +97,30 @@ def test_packed_bf16_as_close_to_float64_as_padded():
     assert err["padded"].max() > 0  # bf16 really rounded
     assert err["packed"].max() <= 2 * err["padded"].max()
     assert err["packed"].mean() <= 2 * err["padded"].mean()
+
+
+@pytest.mark.parametrize("kernel", packed_attention.SDPA_KERNELS)
+def test_float32_attention_rounds_bf16_once(kernel):
+    """bf16 q, k, v (4 heads, 2 key/value heads) with the packing's upcast, as a CPU without AMX runs them: each output
+    element is the float64 attention of the same inputs rounded once to bf16, |out - ref| <= 2^-8 |ref| (bf16's unit
+    roundoff; float32's sum over <= 81 keys adds <= 81 u32 max|v|, within the slack 2^-8 leaves at ~1e-5), and the
+    gradients come back in bf16. The bf16 kernel breaks the bound (it rounds inside, not only the output)."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [47, 2, 30, 81]
+    n = sum(lengths)
+    q, k, v = (torch.randn(1, h, n, 16, generator=g).bfloat16().requires_grad_() for h in (4, 2, 2))
+    ref = packed_attention.KERNELS[kernel](q.double(), k.double(), v.double(),
+                                           packed_attention.make_packing(lengths, "cpu", kernel), 0.25)
+    err = {}
+    for upcast in (False, True):
+        packing = packed_attention.make_packing(lengths, "cpu", kernel, upcast=upcast)
+        out = packed_attention.KERNELS[kernel](q, k, v, packing, 0.25)                   # (1, N, H, D)
+        assert out.dtype == torch.bfloat16
+        err[upcast] = ((out.double() - ref).abs() - 2 ** -8 * ref.abs()).max()
+    assert err[True] <= 81 * U32 * v.abs().max().item()
+    assert err[False] > 0
+    out.sum().backward()
+    assert q.grad.dtype == k.grad.dtype == v.grad.dtype == torch.bfloat16
 
 
 @pytest.mark.slow
