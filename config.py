@@ -384,13 +384,14 @@ def dtype_bytes(cfg):
     return 2 if cfg.train_dtype == "bfloat16" else 4
 
 
-def update_fits(cfg, free, longest_prompt=None):
-    """The memory test: whether the update without checkpointing fits in half of `free` bytes
-    (memory.grad_checkpointing_default). Decides --grad-checkpointing unset, and whether
-    train.keep_freed_memory keeps the heap."""
+def update_fits(cfg, free, longest_prompt=None, device="cpu"):
+    """The memory test: whether the update without checkpointing fits in half of `free` bytes on `device`
+    (memory.grad_checkpointing_default; packed rows there may keep their attention in float32). Decides
+    whether train.keep_freed_memory keeps the heap."""
+    attention = 4 if cfg.pack and float32_attention(device) else dtype_bytes(cfg)
     return not grad_checkpointing_default(AutoConfig.from_pretrained(cfg.model),
                                           micro_batch_tokens(cfg, longest_prompt), dtype_bytes(cfg),
-                                          free)
+                                          free, attention)
 
 
 def update_memory_gb(cfg, longest_prompt=None):

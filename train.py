@@ -107,7 +107,7 @@ def keep_freed_memory(cfg, device, free, longest_prompt=None):
     own = "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "") or any(
         k.startswith("MALLOC_") for k in os.environ)
     if (device.type != "cpu" or cfg.grad_checkpointing or not sys.platform.startswith("linux")
-            or own or not update_fits(cfg, free, longest_prompt)):
+            or own or not update_fits(cfg, free, longest_prompt, device)):
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt

@@ -100,12 +100,12 @@ def padded_logits_bytes(vocab, rows, positions, b, chunk=64):
     return 2 * positions * vocab * b + 4 * min(positions, rows * chunk) * vocab
 
 
-def grad_checkpointing_default(model_config, tokens, dtype_bytes, free_bytes):
+def grad_checkpointing_default(model_config, tokens, dtype_bytes, free_bytes, attention_bytes=None):
     """Recompute activations in the backward (--grad-checkpointing unset) only where the update
     would not fit in half the memory free on the device (`update_memory`): recomputation costs a
     third more FLOPs, so it is worth it only for memory. The tiny model never needs it; SmolLM2 on a
     24 GB CPU at the default shape does not."""
-    return update_memory(model_config, tokens, dtype_bytes) > free_bytes / 2
+    return update_memory(model_config, tokens, dtype_bytes, attention_bytes=attention_bytes) > free_bytes / 2
 
 
 def choose_recompute(model_config, tokens, dtype_bytes, free_bytes, modes=("none", "selective", "full"),
