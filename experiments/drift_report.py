@@ -252,9 +252,10 @@ def report(rows, subset=None, segment=None, plan=None, rules=TOY):
             out.append(f"| {name} | {key} | {n} | {fmt(m, half)} | {robust} | {label(m, half, margin)} |")
     # --- anatomy ---
     out += ["", "## Token anatomy (exploratory)", "", "Per cell of old probability x advantage sign (0: a group "
-            "whose coins all fell alike; those tokens get no policy-gradient of their own, but move with the shared "
-            "weights), mean over seeds ± 95% t: tokens per rollout, Δ log p per token after the rollout's updates, "
-            "entropy change at those positions per token, upward / downward clips per rollout.", ""]
+            "whose rewards were all equal, as coins that all fell alike; those tokens get no policy-gradient of their "
+            "own, but move with the shared weights), mean over seeds ± 95% t: tokens per rollout, Δ log p per token "
+            "after the rollout's updates, entropy change at those positions per token, upward / downward clips per "
+            "rollout; – where a cell held no token.", ""]
     ref = "noclip" if "noclip" in arms else arms[0]
     for arm in arms:
         diff = cell_diff(data, arm, ref)
@@ -266,11 +267,15 @@ def report(rows, subset=None, segment=None, plan=None, rules=TOY):
                 "|---|---|---|---|---|---|---|"]
         for (p, sign), v in cells.items():
             d = diff.get((p, sign), (math.nan, math.nan))
-            out.append(f"| {p[0]:g}–{p[1]:g} | {sign} | {v[0][0]:.1f} | {v[1][0]:+.4f} ± {v[1][1]:.4f} | "
-                       f"{d[0]:+.4f} ± {d[1]:.4f} | {v[2][0] * 1e3:+.2f} ± {v[2][1] * 1e3:.2f} | "
-                       f"{v[3][0]:.2f} / {v[4][0]:.2f} |")
+            out.append(f"| {p[0]:g}–{p[1]:g} | {sign} | {v[0][0]:.1f} | {_pm(*v[1])} | {_pm(*d)} | "
+                       f"{_pm(*v[2], 1e3, '.2f')} | {v[3][0]:.2f} / {v[4][0]:.2f} |")
         out.append("")
     return "\n".join(out) + "\n", data, arms
+
+
+def _pm(mean, half, scale=1, fmt=".4f"):
+    """"mean ± half" scaled, or – for an empty cell (nan)."""
+    return "–" if math.isnan(mean) else f"{mean * scale:+{fmt}} ± {half * scale:{fmt}}"
 
 
 def segment_lines(data, arms, size, level=0.95, rules=TOY):
