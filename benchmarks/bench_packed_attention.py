@@ -6,6 +6,8 @@ sum n_i^2 of attention in `rows` calls, sdpa-block N^2 in one (the mask built on
 layers: its time is divided by --layers). Prints one table: per setting N, the two kernels' ms (median of --reps
 after a warm-up), their ratio, and what `packed_attention.sdpa_kernel` picks there (its constant ROW_CALL_PAIRS
 comes from this table: a row call's cost from the many-short-rows settings, a masked pair's from the long ones).
+For bf16 also sdpa-rows with the attention computed in float32 (`packed_attention.float32_attention`: q, k, v cast
+up, the output back) and bf16's time over it.
 
     python benchmarks/bench_packed_attention.py                        # bf16 and float32, ~1 min on 2 cores
     python benchmarks/bench_packed_attention.py --threads 1            # a busy machine: one thread's CPU time
@@ -61,8 +63,8 @@ def main():
           f"{'CPU' if clock is time.thread_time else 'wall'} time, "
           f"load {os.getloadavg()[0]:.1f}")
     print(f"\n| dtype | rows | L | N | sum n_i^2 / N^2 | sdpa-rows ms | sdpa-block ms (mask ms / {a.layers}) | "
-          f"rows / block | rule picks |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+          f"rows / block | rule picks | sdpa-rows in float32 ms | rows / in float32 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     g = torch.Generator().manual_seed(0)
     for dtype in a.dtypes.split(","):
         dt = getattr(torch, dtype)
@@ -81,9 +83,15 @@ def main():
                     ms[kernel] = 1e3 * timed(lambda: fn(q, k, v, packing, None).backward(grad), a.reps, clock)
                 mask_ms = 1e3 * timed(lambda: packed_attention.make_packing(lengths, "cpu", "sdpa-block"), a.reps, clock)
                 ms["sdpa-block"] += mask_ms / a.layers
+                up = "– | –"
+                if dt in (torch.bfloat16, torch.float16):
+                    packing = packed_attention.make_packing(lengths, "cpu", "sdpa-rows", upcast=True)
+                    f32 = 1e3 * timed(lambda: packed_attention.KERNELS["sdpa-rows"](q, k, v, packing, None)
+                                      .backward(grad), a.reps, clock)
+                    up = f"{f32:.2f} | {ms['sdpa-rows'] / f32:.2f}"
                 print(f"| {dtype} | {rows} | {L} | {N} | {sum(n * n for n in lengths) / N ** 2:.3f} | "
                       f"{ms['sdpa-rows']:.2f} | {ms['sdpa-block']:.2f} ({mask_ms / a.layers:.3f}) | "
-                      f"{ms['sdpa-rows'] / ms['sdpa-block']:.2f} | {packed_attention.sdpa_kernel(lengths)} |",
+                      f"{ms['sdpa-rows'] / ms['sdpa-block']:.2f} | {packed_attention.sdpa_kernel(lengths)} | {up} |",
                       flush=True)
 
 
