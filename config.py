@@ -310,7 +310,7 @@ def decide_grad_checkpointing(cfg, device, prompt_lens=None, explain=False):
                  else pack_pays(cfg, device, dist.get_world_size(), prompt_lens)[0] and not cfg.share_prompt)
     model_config = AutoConfig.from_pretrained(cfg.model)
     # packed rows on a CPU without AMX keep their attention's tensors in float32 (packed_attention.float32_attention)
-    attention = 4 if fused and float32_attention(device) else dtype_bytes(cfg)
+    attention = attention_bytes(cfg, device, fused)
     # --micro-batch-tokens unset: packed under compiled layers (the fewest saved tensors), the largest budget whose
     # update fits without recomputation (or with the full recomputation asked for): larger micro-batches measured
     # faster than less recomputation (docs/gpu.md, the pack section); a budget short of the longest row, or eager or
@@ -384,14 +384,19 @@ def dtype_bytes(cfg):
     return 2 if cfg.train_dtype == "bfloat16" else 4
 
 
-def update_fits(cfg, free, longest_prompt=None, device="cpu"):
+def attention_bytes(cfg, device, packed):
+    """Bytes per element of what the attention keeps for its backward: 4 where packed rows on `device` compute a bf16
+    run's attention in float32 (packed_attention.float32_attention), else the compute dtype's."""
+    bf16 = cfg.train_dtype == "bfloat16"  # unresolved ("auto"): sized as float32, as dtype_bytes does
+    return 4 if packed and float32_attention(device, torch.bfloat16 if bf16 else torch.float32) else dtype_bytes(cfg)
+
+
+def update_fits(cfg, free, longest_prompt, device):
     """The memory test: whether the update without checkpointing fits in half of `free` bytes on `device`
-    (memory.grad_checkpointing_default; packed rows there may keep their attention in float32). Decides
-    whether train.keep_freed_memory keeps the heap."""
-    attention = 4 if cfg.pack and float32_attention(device) else dtype_bytes(cfg)
+    (memory.grad_checkpointing_default). Decides whether train.keep_freed_memory keeps the heap."""
     return not grad_checkpointing_default(AutoConfig.from_pretrained(cfg.model),
                                           micro_batch_tokens(cfg, longest_prompt), dtype_bytes(cfg),
-                                          free, attention)
+                                          free, attention_bytes(cfg, device, cfg.pack))
 
 
 def update_memory_gb(cfg, longest_prompt=None):

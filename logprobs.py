@@ -262,7 +262,8 @@ def enable_packing(model, kernel=None, chunk=None, compile_head=False, upcast=No
     (None: packed_attention.kernel_for the weights' device in bfloat16); `chunk`: the fused head's
     rows per chunk (None: head_chunk_rows of the vocabulary); `compile_head`: its chunk functions
     through torch.compile (machinery/fused_head.py); `upcast`: the SDPA kernels compute bf16
-    attention in float32 (None: packed_attention.float32_attention of the device). Refuses (ValueError, one line) a
+    attention in float32 (None: packed_attention.float32_attention of the weights' device and dtype; build_model
+    passes the run's compute dtype). Refuses (ValueError, one line) a
     model whose attention or head the packed path does not implement, before anything runs.
     Returns the model."""
     import types
@@ -280,7 +281,7 @@ def enable_packing(model, kernel=None, chunk=None, compile_head=False, upcast=No
     setattr(model, PACKED_WINDOWS, tuple(sorted(windows, key=lambda w: -1 if w is None else w)))
     setattr(model, HEAD_CHUNK, int(chunk or head_chunk_rows(head.weight.shape[0])))
     setattr(model, HEAD_COMPILED, bool(compile_head))
-    setattr(model, PACKED_UPCAST, bool(packed_attention.float32_attention(head.weight.device)
+    setattr(model, PACKED_UPCAST, bool(packed_attention.float32_attention(head.weight.device, head.weight.dtype)
                                        if upcast is None else upcast))
     if isinstance(model, FSDPModule):
         register_fsdp_forward_method(model, PACKED_FORWARD)

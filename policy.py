@@ -30,7 +30,7 @@ from machinery.packed_attention import pack_default
 from machinery.precision import cpu_has_amx
 # the model's build, sharding, recomputation and compiled layers (machinery a reader may skip), importable from here
 from machinery.model import (RECOMPUTE, SAVE_OPS, build_model, compile_layers, make_optimizer,  # noqa: F401
-                             packed_kernel, packed_words, reshard, resolve_recompute, selective_policy,
+                             packed_kernel, packed_attention_label, reshard, resolve_recompute, selective_policy,
                              set_recompute)
 
 
@@ -115,7 +115,7 @@ def _cost(rows, spans, packed):
 # - a 2-core AMD EPYC, Zen 4, avx512_bf16, no AMX (2026-12-03), the packed attention in float32
 #   (packed_attention.float32_attention): packed 79.5 and 78.3 s against padded 81.7 and 88.7 (0.93x; with the
 #   attention in bf16 88.7 and 88.1); the tiny model's `make demo` update (2 ranks) 0.875 s packed, 0.877 padded:
-#   pack at any padding (1.0);
+#   pack at any padding (1.0). Unmeasured, and taken the same: float32 runs and CPUs without avx512_bf16;
 # - a 2-core Intel Xeon with AMX (2026-11, before sdpa-block): 10.2-10.4 s packed against 8.0-8.5 padded on 2
 #   threads, 1.25x: pack there only where padded / real tokens reach 1.25.
 # CUDA: always (packed_attention.PACK_DEFAULT, measured faster there).

@@ -53,7 +53,8 @@ from config import (Config, decide_grad_checkpointing, method_defaults, micro_ba
                     parse_config, resolve_config, resumed_config, update_fits, update_memory_gb)
 from logprobs import check_packable, pack, sequence_logprobs
 from policy import (batch_logprobs, build_model, check_batch_shape, make_optimizer,  # noqa: F401 (re-exported)
-                    old_policy_sums, on_policy, pack_reason, packed_kernel, packed_words, reshard, update_policy)
+                    old_policy_sums, on_policy, pack_reason, packed_attention_label, packed_kernel, reshard,
+                    update_policy)
 
 
 # --- distributed: a few explicit lines, the same path for 1 and N processes ----------------------
@@ -93,17 +94,15 @@ def _free_port():
 
 
 def keep_freed_memory(cfg, device, free, longest_prompt=None):
-    """On a CPU with memory to spare, glibc (Linux): allocations from the heap, not mapped afresh
-    (mallopt M_MMAP_MAX 0; glibc's per-thread arenas still map blocks above 64 MiB), and the main
-    heap never trimmed (M_TRIM_THRESHOLD 2 GiB), so the blocks a step frees serve the next
-    without page faults. glibc's defaults map blocks above its threshold (128 KiB, growing to 32
-    MiB) afresh and shrink the heap's top: FSDP2's cast copies, logits and activations then fault
-    their pages in on every micro-batch, ~30% of an update in the kernel (docs/benchmarks.md).
-    The price: freed blocks stay resident, ~0.6 GB more peak, so only where checkpointing is off
-    and the memory test that decides it unset (config.update_fits, on the `free` bytes of
-    decide_grad_checkpointing and the longest prompt) finds room, whatever the flag said. Left
-    alone: GPU runs, other platforms, and a user's own GLIBC_TUNABLES / MALLOC_* settings. ->
-    whether it was set."""
+    """On a CPU with memory to spare, glibc (Linux): allocations from the heap, not mapped afresh (mallopt
+    M_MMAP_MAX 0; glibc's per-thread arenas still map blocks above 64 MiB), and the main heap never trimmed
+    (M_TRIM_THRESHOLD 2 GiB), so the blocks a step frees serve the next without page faults. glibc's defaults map
+    blocks above its threshold (128 KiB, growing to 32 MiB) afresh and shrink the heap's top: FSDP2's cast copies,
+    logits and activations then fault their pages in on every micro-batch, ~30% of an update in the kernel
+    (docs/benchmarks.md). The price: freed blocks stay resident, ~0.6 GB more peak, so only where checkpointing is
+    off and the memory test (config.update_fits, on the `free` bytes of decide_grad_checkpointing and the longest
+    prompt) finds room, whatever the flag said. Left alone: GPU runs, other platforms, and a user's own
+    GLIBC_TUNABLES / MALLOC_* settings. -> whether it was set."""
     own = "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "") or any(
         k.startswith("MALLOC_") for k in os.environ)
     if (device.type != "cpu" or cfg.grad_checkpointing or not sys.platform.startswith("linux")
@@ -342,7 +341,8 @@ def main(argv=None):
            f"method {cfg.method} delta {cfg.delta} | {cfg.train_dtype} trainer, {cfg.rollout_dtype} engine "
            f"(gap {gap:.1e} nats/token) | recompute {cfg.recompute} ({why}; {free / 2**30:.0f} GB free on {device} "
            f"per rank, least of {WORLD}, from {free_source}) | shared prompt {'on' if cfg.share_prompt else 'off'} | "
-           f"packed rows {'on, ' + packed_words(cfg, device) if cfg.pack else 'off'} ({pack_reason(given, cfg, device, WORLD, lens)}) | "
+           f"packed rows {'on, ' + packed_attention_label(cfg, device) if cfg.pack else 'off'} "
+           f"({pack_reason(given, cfg, device, WORLD, lens)}) | "
            f"compiled layers {'on' if cfg.compile_layers else 'off'}, head {'on' if cfg.compile_head else 'off'} | "
            f"peak RSS {peak_rss_gb():.1f} GB")
 

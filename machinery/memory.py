@@ -10,7 +10,7 @@ is killed by the container's limit (measured: docs/benchmarks.md).
     free, source = free_memory(device)     # bytes for this rank, and where they were read
     update_memory(model_config, tokens, 2) > free / 2   # -> checkpointing on
 
-Tests: tests/test_recompute.py (what a layer keeps in each mode against a count on a real layer, the padded
+Tests: tests/test_memory.py (what a layer keeps in each mode against a count on a real layer, the padded
 logits by hand, the choice and the refusal); tests/test_config.py (MemAvailable per local rank, the portable
 sources, written cgroup v1 and v2 trees, a real cgroup of the machine where one can be made, the decision agreed
 over ranks).
@@ -31,7 +31,7 @@ def update_memory(model_config, tokens, dtype_bytes, recompute="none", fused_hea
     compute-dtype weights held gathered from the first forward to the last backward), plus, for the fused head of packed
     micro-batches (machinery/fused_head.py), its float32 weight gradient (V x h) before it is cast to the weights'
     dtype, or for padded micro-batches their logits and gradient (`logits`: (rows, positions), `padded_logits_bytes`).
-    attention_bytes: the attention's compute dtype (`layer_bytes`' a; None: dtype_bytes).
+    attention_bytes: bytes per element of the attention's compute dtype (`layer_bytes`' a; None: dtype_bytes).
     On one H200 the measured peaks ran ~1.45x the saved tensors under both none and selective (docs/gpu.md): the
     caller's half-the-free-memory rule leaves that room."""
     if compiled and recompute == "selective":
@@ -56,9 +56,9 @@ def layer_bytes(model_config, b, recompute="none", a=None):
     """Bytes one decoder layer keeps for its backward per token, in compute dtype of b bytes, as transformers'
     Llama/Qwen2 layers do with the CPU's packed kernel (tests/test_memory.py counts them on real layers), the attention
     computing in a bytes (None: b; 4 where packed_attention.float32_attention casts bf16 q, k, v up):
-    none — each RMSNorm a float32 copy of its input and its output (4 h + b h bytes), q k v and the rotary's
-    rotate_half copies (2 h + 2 h_kv), gate, up, act(gate) and their product (4 i), what the attention saves in a
-    bytes: the rotated q, k, v and its output (2 h + 2 h_kv), plus float32 scalars per token (the attention's
+    none — each RMSNorm a float32 copy of its input and its output (4 h + b h bytes), q, k and their rotate_half
+    copies (2 h + 2 h_kv), gate, up, act(gate) and their product (4 i), what the attention saves in a bytes: the
+    rotated q and k, v and its output (2 h + 2 h_kv), plus float32 scalars per token (the attention's
     log-sum-exp per head, each norm's 1/rms); selective — what a matmul or the attention made and the layer's input:
     q k v, o, gate, up, down, input (4 h + 2 h_kv + 2 i), the attention's output (h, in a bytes) and the log-sum-exp;
     full — the layer's input (h); compiled (--compile-layers, no recomputation: what Inductor's partitioner saves,

@@ -91,23 +91,29 @@ def build_model(cfg, device, trainable=True):
         assert (model.get_output_embeddings().weight
                 is model.get_input_embeddings().weight), "lm_head lost its tie"
     if cfg.pack:  # packed micro-batches: the packed attention and the fused head (logprobs.py)
-        enable_packing(model, packed_kernel(cfg, device), compile_head=cfg.compile_head)
+        enable_packing(model, packed_kernel(cfg, device), compile_head=cfg.compile_head,
+                       upcast=packed_attention.float32_attention(device, compute_dtype(cfg)))
     model.train(trainable)
     model.requires_grad_(trainable)
     return model
 
 
+def compute_dtype(cfg):
+    """The dtype a run computes in (a resolved --train-dtype)."""
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.train_dtype]
+
+
 def packed_kernel(cfg, device):
     """The packed attention kernel a run uses: what can run on `device` in its compute dtype."""
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.train_dtype]
-    return packed_attention.kernel_for(device, dtype)
+    return packed_attention.kernel_for(device, compute_dtype(cfg))
 
 
-def packed_words(cfg, device):
-    """The start-up line's packed attention: its kernel, computed in float32 where a bf16 run's is cast up
+def packed_attention_label(cfg, device):
+    """The start-up line's packed attention: its kernel, and where a bf16 run's is computed in float32
     (packed_attention.float32_attention)."""
-    up = cfg.train_dtype == "bfloat16" and packed_attention.float32_attention(device)
-    return f"{packed_kernel(cfg, device)} attention{' in float32' if up else ''}"
+    up = packed_attention.float32_attention(device, compute_dtype(cfg))
+    return (f"{packed_kernel(cfg, device)} attention"
+            + (f" in float32 (rows <= {packed_attention.UPCAST_MAX_ROW})" if up else ""))
 
 
 # --- recomputation and compiled layers -------------------------------------------------------------

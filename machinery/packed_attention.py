@@ -16,7 +16,7 @@ The kernels (`KERNELS`; `choose_kernel` picks what can run, the start-up line na
   compiled FlexAttention with a document mask built once per forward;
 - `sdpa` (CPU): per micro-batch (`sdpa_kernel`) `sdpa-rows`, causal SDPA on each row's slice, or `sdpa-block`, one
   SDPA call with the (N, N) block-diagonal causal mask, where rows are so short that the calls cost more than the
-  pairs the mask adds (docs/benchmarks.md); bf16 in float32 on a CPU without AMX (`float32_attention`).
+  pairs the mask adds (docs/benchmarks.md); bf16 in float32 on a CPU without AMX (`float32_attention`), rows <= 512.
 Each keeps a layer's sliding window (transformers' q - k < w) by a band in its mask, varlen's
 window_size or flex's mask_mod; `check_supported` refuses what none implements (soft-capping, sinks, dropout).
 
@@ -93,14 +93,22 @@ ROW_CALL_PAIRS = 600
 
 
 # bf16 (or fp16) packed attention on a CPU without AMX computes in float32: q, k and v cast up, the output back
-# (`_upcast`). `python benchmarks/bench_packed_attention.py --threads 1` (2026-12-02, a 2-core AMD EPYC, Zen 4,
-# avx512_bf16, no AMX; docs/benchmarks.md) ran a row's bf16 SDPA 1.5-2.6x slower than float32's at SmolLM2's heads,
-# and the SmolLM2 job's packed update then took 0.91x the padded one's time (bench_cpu_roofline.py). The float32
-# copies of q, k, v and the output are what the backward keeps instead of bf16 ones (machinery/memory.layer_bytes'
-# attention bytes). With AMX, bf16 tiles are that CPU's fast path, and bf16 attention is kept there (unmeasured).
-def float32_attention(device):
-    """Whether a packed model on `device` computes its bf16/fp16 attention in float32: a CPU without AMX."""
-    return torch.device(device).type == "cpu" and not cpu_has_amx()
+# (`_upcast`), in micro-batches whose rows are at most UPCAST_MAX_ROW tokens. `python
+# benchmarks/bench_packed_attention.py --threads 1` (ccef58a, 2026-12-03, a 2-core AMD EPYC, Zen 4, avx512_bf16, no
+# AMX; docs/benchmarks.md), forward + backward at SmolLM2's heads, the same bf16 inputs: rows of at most 128 tokens
+# 1.2-3.5x faster in float32, 256 1.02-1.28x, 512 0.95-1.08x (parity); longer rows unmeasured, and there bf16 keeps its
+# smaller saved tensors. The SmolLM2 job's packed update took 0.89x the time of the same update with bf16 attention
+# (bench_cpu_roofline.py, 94a8840). The float32 copies of q, k, v and the output are what the backward keeps instead
+# of bf16 ones (machinery/memory.layer_bytes' attention bytes, counted for every micro-batch: an upper bound where
+# rows are longer). With AMX, bf16 tiles are that CPU's fast path, and bf16 attention is kept there (unmeasured).
+UPCAST_MAX_ROW = 512
+
+
+def float32_attention(device, dtype):
+    """Whether a packed model on `device` computing in `dtype` runs its attention in float32: bf16 or fp16 on a CPU
+    without AMX."""
+    return (dtype in (torch.bfloat16, torch.float16) and torch.device(device).type == "cpu"
+            and not cpu_has_amx())
 
 
 def sdpa_kernel(lengths):
@@ -210,9 +218,10 @@ def _varlen_has_window():
 
 # --- the kernels: q (1, H, N, D), k and v (1, Hkv, N, D) -> (1, N, H, D) -------------------------
 def _upcast(q, k, v, packing):
-    """q, k, v in float32 where the packing asks for it (`float32_attention`), and the dtype to return in."""
+    """q, k, v in float32 where the packing asks for it (`float32_attention`) and its rows are at most UPCAST_MAX_ROW
+    tokens, and the dtype to return in."""
     dtype = q.dtype
-    if packing.upcast and dtype in (torch.bfloat16, torch.float16):
+    if packing.upcast and dtype in (torch.bfloat16, torch.float16) and packing.max_len <= UPCAST_MAX_ROW:
         q, k, v = q.float(), k.float(), v.float()
     return q, k, v, dtype
 

@@ -27,7 +27,7 @@ def test_memory_model_by_hand_and_auto_picks_the_cheapest_that_fits():
     2·16 + 344 = 376, compiled 496 and compiled full 2·16 + 248 = 280; the fused head adds 4·10·8 = 320 bytes; 4
     padded rows of 5 positions, 2·20·10·2 + 4·20·10 = 1600. The attention in float32 (a = 4 bytes) keeps its rotated
     q, k, v and output in 4 bytes instead of 2: none 344 + 2 (16 + 8) = 392 per layer, selective (its output only)
-    176 + 2·8 = 192. Where no mode fits, auto refuses with every estimate."""
+    176 + 2·8 = 192, compiled 248 + 2 (16 + 8) = 296. Where no mode fits, auto refuses with every estimate."""
     conf = types.SimpleNamespace(hidden_size=8, intermediate_size=16, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=10,
                                  tie_word_embeddings=False)
@@ -38,6 +38,7 @@ def test_memory_model_by_hand_and_auto_picks_the_cheapest_that_fits():
         assert memory.update_memory(conf, 100, 2, mode, logits=(4, 20)) == b + 1600
     assert memory.update_memory(conf, 100, 2, "none", attention_bytes=4) == 78400 + 31680
     assert memory.update_memory(conf, 100, 2, "selective", attention_bytes=4) == 38400 + 31680
+    assert memory.update_memory(conf, 100, 2, "none", compiled=True, attention_bytes=4) == 59200 + 31680
     assert memory.update_memory(conf, 100, 2, "none", compiled=True) == 49600 + 31680
     assert memory.update_memory(conf, 100, 2, "full", compiled=True) == 28000 + 31680
     assert memory.recompute_default(conf, 100, 2, 2 * want["none"]) == "none"
