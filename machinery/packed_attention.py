@@ -96,7 +96,7 @@ ROW_CALL_PAIRS = 600
 # (`_upcast`), in micro-batches whose rows are at most UPCAST_MAX_ROW tokens. `python
 # benchmarks/bench_packed_attention.py --threads 1` (ccef58a, 2026-12-03, a 2-core AMD EPYC, Zen 4, avx512_bf16, no
 # AMX; docs/benchmarks.md), forward + backward at SmolLM2's heads, the same bf16 inputs: rows of at most 128 tokens
-# 1.2-3.5x faster in float32, 256 1.02-1.28x, 512 0.95-1.08x (parity); longer rows unmeasured, and there bf16 keeps its
+# 1.16-3.5x faster in float32, 256 1.02-1.28x, 512 0.95-1.08x (parity); longer rows unmeasured, and there bf16 keeps its
 # smaller saved tensors. The SmolLM2 job's packed update took 0.89x the time of the same update with bf16 attention
 # (bench_cpu_roofline.py, 94a8840). The float32 copies of q, k, v and the output are what the backward keeps instead
 # of bf16 ones (machinery/memory.layer_bytes' attention bytes, counted for every micro-batch: an upper bound where

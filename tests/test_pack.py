@@ -122,6 +122,19 @@ def test_float32_attention_rounds_bf16_once(kernel):
     assert err[True] <= bound < err[False]
 
 
+def test_float32_attention_leaves_rows_past_its_limit_in_bf16():
+    """UPCAST_MAX_ROW (512): a micro-batch whose longest row passes it runs bf16 attention even with the upcast asked
+    for (bit for bit the bf16 kernel's output), one at the limit runs float32 (another output)."""
+    g = torch.Generator().manual_seed(1)
+    limit = packed_attention.UPCAST_MAX_ROW
+    for lengths, same in (([3, limit + 1], True), ([3, limit], False)):
+        n = sum(lengths)
+        q, k, v = (torch.randn(1, h, n, 16, generator=g).bfloat16() for h in (4, 2, 2))
+        packings = [packed_attention.make_packing(lengths, "cpu", "sdpa-rows", upcast=up) for up in (False, True)]
+        out = [packed_attention.KERNELS["sdpa-rows"](q, k, v, p, 0.25) for p in packings]
+        assert torch.equal(out[0], out[1]) == same, lengths
+
+
 def test_float32_attention_is_decided_once_and_reaches_the_kernel(monkeypatch):
     """packed_attention.float32_attention: bf16 (or fp16) on a CPU without AMX, nothing else; enable_packing stores
     it from the weights' device and dtype, and packed_logprobs passes it on: the same bf16 model's log-probs move
