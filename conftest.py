@@ -1,13 +1,28 @@
 """pytest set-up for tests/ and derivations/: this file's folder (the repository root) goes on sys.path, which makes
 band.py, grpo.py, ... importable; `gpu` tests are skipped without CUDA; `group` is the one-process gloo group of the
 tests that build FSDP2 models in this process. precision is imported first: its oneMKL warm-up must run before any
-test's first multithreaded float math (machinery/precision.py says why)."""
+test's first multithreaded float math (machinery/precision.py says why).
+
+`ahead`: a test whose work is a command it then reads (a torchrun pair, a vLLM probe) names that work with
+`@pytest.mark.ahead.with_args(job)` (`with_args`: a mark called on a function alone would decorate it) and gets its
+result with `ahead.result(job)`. The marked jobs of the selected tests run one after another in a thread of this
+process from the start of the session, in the tests' order, while the tests of this process run beside them: the two
+cores work at once where a test would leave one idle. Each job runs once per session, however many tests share it,
+in a folder of its own; what it raises is raised in each test that asks for it. BANDPO_TESTS_AHEAD=0 runs every job
+where its test asks for it instead."""
 import os
 import socket
+import threading
 
 import pytest
 
-from machinery import precision  # noqa: F401
+# Threads that wait for their OpenMP peers sleep instead of spinning: beside a job of `ahead` (or any busy process) a
+# spinning thread holds a core its peer needs, and the 2-thread tests of this process ran 2.4x slower (SmolLM2's
+# generate, 36.8 s against 15.0 s beside a busy loop). Read by libgomp when torch loads: set before it is imported
+# (here, unless a plugin imported torch first), and inherited by the commands the tests start.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from machinery import precision  # noqa: E402,F401
 
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT")
 
@@ -31,6 +46,80 @@ def group():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+class Ahead:
+    """The marked jobs, started in order by one thread (kept until the session ends: tests count this process's
+    threads); `result(job)` waits for a started job, or runs one not started yet in the calling thread."""
+
+    def __init__(self, jobs, tmp_path_factory, start):
+        self.tmp, self.lock, self.done = tmp_path_factory, threading.Condition(), {}
+        self.queue, self.running, self.closing = list(dict.fromkeys(jobs)), set(), False
+        self.thread = threading.Thread(target=self._work, name="tests-ahead", daemon=True) if start else None
+        if self.thread:
+            self.thread.start()
+
+    def _take(self, job=None):
+        """-> the job to run now (the asked one, or the queue's next), marked running; None if there is none."""
+        with self.lock:
+            if job is None:  # the worker: waits for the queue (the thread stays until close)
+                while not self.queue and not self.closing:
+                    self.lock.wait()
+                job = None if self.closing else self.queue[0]
+            if job is None or job in self.done or job in self.running:
+                return None
+            if job in self.queue:  # a job leaves the queue when it starts, so the queue holds none done or running
+                self.queue.remove(job)
+            self.running.add(job)
+            return job
+
+    def _run(self, job):
+        try:
+            out = (True, job(self.tmp.mktemp(job.__name__.strip("_"))))
+        except BaseException as e:  # the test that asks raises it, with its traceback
+            out = (False, e)
+        with self.lock:
+            self.running.discard(job)
+            self.done[job] = out
+            self.lock.notify_all()
+
+    def _work(self):
+        while (job := self._take()) is not None:
+            self._run(job)
+
+    def result(self, job):
+        if (mine := self._take(job)) is not None:
+            self._run(mine)
+        with self.lock:
+            while job not in self.done:
+                self.lock.wait()
+            ok, value = self.done[job]
+        if not ok:
+            raise value
+        return value
+
+    def close(self):
+        """No job starts after this; a running one ends (its subprocesses have their own hang guards)."""
+        with self.lock:
+            self.closing, self.queue = True, []
+            self.lock.notify_all()
+        if self.thread:
+            self.thread.join()
+
+
+def skipped(item):
+    """A test that is skipped whatever it computes (a skip mark, or a skipif whose condition is already true)."""
+    return any(m.name == "skip" or (m.name == "skipif" and m.args and m.args[0] is True)
+               for m in item.iter_markers())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ahead(request, tmp_path_factory):
+    """The session's Ahead, started with the session: the jobs of the selected tests that will run."""
+    jobs = [m.args[0] for item in request.session.items if not skipped(item) for m in item.iter_markers("ahead")]
+    runner = Ahead(jobs, tmp_path_factory, start=os.environ.get("BANDPO_TESTS_AHEAD", "1") != "0")
+    yield runner
+    runner.close()
 
 
 def pytest_collection_modifyitems(config, items):

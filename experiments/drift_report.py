@@ -233,17 +233,16 @@ def report(rows, subset=None, segment=None, plan=None, rules=TOY):
                 "rollout.", ""] + segment_lines(data, arms, segment, rules=rules)
     # --- exploratory ---
     out += ["", "## Exploratory (95% t; not in the family)", "",
-            "dH_probe_is beside its robust companion: the median of the per-seed differences with its sign-test "
-            "interval (distribution-free, coverage named); the weights' effective sample share is in the per-arm "
-            "table.", "",
+            "Each reading beside its robust companion: the median of the per-seed differences with its sign-test "
+            "interval (distribution-free, coverage named); a family contrast's dH_probe row is that robust secondary "
+            "(its reading is the family's, above). The weights' effective sample share is in the per-arm table.", "",
             "| contrast | reading | seeds | mean ± 95% t | median [sign interval] (coverage) | label |",
             "|---|---|---|---|---|---|"]
     family = {name for name, _, _ in rules.family}   # a family contrast is not listed again as exploratory
     for name, weights, margin in rules.family + tuple(e for e in rules.exploratory if e[0] not in family):
         if not all(a in arms for a in weights):
             continue
-        own = () if name in family else ("dH_probe",)
-        for key in own + ("dH_probe_is", "dH_train"):
+        for key in ("dH_probe", "dH_probe_is", "dH_train"):
             seeds, _ = contrast(data, weights, key)
             m, half, n, _ = t_of(seeds)
             med, lo, hi, cov = median_interval(seeds)

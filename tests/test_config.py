@@ -239,12 +239,8 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_checkpointing_is_decided_from_the_least_free_memory_of_any_rank():
-    """Two ranks, two cases in one process group. Rank 0 has 1 TiB free, rank 1 only 1 MiB (less than the tiny
-    model's update needs under any recomputation): both ranks refuse, naming rank 1's memory (0.0 GiB), though rank 0
-    alone would fit. With both ample, both recompute nothing and report the lesser memory. Under packed rows and
-    compiled layers the token budget auto picks is the same on both ranks and follows the lesser memory: 128 MiB on
-    rank 1 gives a smaller budget (but one) than 1 TiB on both."""
+def _two_ranks_decide(tmp):
+    """_decide on two spawned ranks -> every rank's result of every case, sorted."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
@@ -260,6 +256,17 @@ def test_checkpointing_is_decided_from_the_least_free_memory_of_any_rank():
     for p in procs:
         p.join(timeout=600)
         assert p.exitcode == 0
+    return results
+
+
+@pytest.mark.ahead.with_args(_two_ranks_decide)
+def test_checkpointing_is_decided_from_the_least_free_memory_of_any_rank(ahead):
+    """Two ranks, two cases in one process group. Rank 0 has 1 TiB free, rank 1 only 1 MiB (less than the tiny
+    model's update needs under any recomputation): both ranks refuse, naming rank 1's memory (0.0 GiB), though rank 0
+    alone would fit. With both ample, both recompute nothing and report the lesser memory. Under packed rows and
+    compiled layers the token budget auto picks is the same on both ranks and follows the lesser memory: 128 MiB on
+    rank 1 gives a smaller budget (but one) than 1 TiB on both."""
+    results = ahead.result(_two_ranks_decide)
     for case, (free_by_rank, expected, _) in enumerate(CASES):
         got = [r for r in results if r[0] == case]
         assert [r[2] for r in got] == [expected, expected], results

@@ -166,12 +166,17 @@ print(json.dumps(out))
 """
 
 
-def test_selective_keeps_the_varlen_attention_loaded_after_it():
+def _varlen_late(tmp):
+    return subprocess.run([sys.executable, "-c", VARLEN_LATE], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT), timeout=600)  # a hang guard: one fresh interpreter
+
+
+@pytest.mark.ahead.with_args(_varlen_late)
+def test_selective_keeps_the_varlen_attention_loaded_after_it(ahead):
     """CUDA's packed kernel, torch's varlen attention, is a custom op whose library loads with its first use, after
     the model was set to recompute. Selective recomputation still keeps its output (0 calls in the backward), as it
     keeps the CPU's; full reruns each layer's call (2 layers: 2), the count's control."""
-    res = subprocess.run([sys.executable, "-c", VARLEN_LATE], cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=ROOT))
+    res = ahead.result(_varlen_late)
     assert res.returncode == 0, res.stderr[-3000:]
     counts = json.loads(res.stdout.strip().splitlines()[-1])
     assert counts == {"none": [0, 2], "selective": [0, 2], "full": [2, 2]}

@@ -36,12 +36,14 @@ def hf_model():
     return AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32).eval()
 
 
+def chat_prompts(tokenizer):
+    return [tokenizer(tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
+                      add_special_tokens=False)["input_ids"] for r in data.arithmetic(6, split="test", seed=7)]
+
+
 @pytest.fixture(scope="module")
 def prompts(tokenizer):
-    records = data.arithmetic(6, split="test", levels=(1, 2, 3), seed=7)
-    texts = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
-             for r in records]
-    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return chat_prompts(tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -272,14 +274,8 @@ def test_vllm_level_1_sleep_keeps_the_weights(vllm_engine, prompts):
     assert [c.logprobs for c in after] == [c.logprobs for c in before]
 
 
-@needs_vllm
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt (train.keep_freed_memory)")
-def test_vllm_cpu_kv_cache_comes_back_zeroed_under_a_kept_heap(prompts):
-    """Under train.keep_freed_memory (the default on a CPU with memory to spare) a freed KV cache goes back to the
-    heap, not to the system, and its re-allocation is old memory. The wake-up zeroes it, as vLLM leaves a cache at
-    start: after the cache was filled with NaN, a sleep and a wake-up, it holds zeros only, and the engine samples
-    what it sampled before the sleep. (Without the zeroing a 4-step SmolLM2 run sampled nonsense from its fourth
-    rollout on.)"""
+def _kv_cache_probe(tmp):
+    """A fresh process's engine under keep_freed_memory, its cache NaN, a sleep, a wake-up -> the run (zeroed? same?)."""
     probe = (
         "import math, sys, torch, train, rollout\n"
         "assert train.keep_freed_memory(train.Config(model=rollout.DEFAULT_MODEL, grad_checkpointing=False),\n"
@@ -296,13 +292,22 @@ def test_vllm_cpu_kv_cache_comes_back_zeroed_under_a_kept_heap(prompts):
         "after = engine.generate(prompts, 2, sampling)\n"
         "print(zero, [c.token_ids for c in after] == [c.token_ids for c in before])\n"
         "engine.close()\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", probe, repr(prompts[:3])], cwd=root, env=env, capture_output=True,
-                       text=True, timeout=600)  # a hang guard: an engine start and two short generations
+    from test_train import ROOT, env  # as from a shell, but with glibc's malloc defaults
+    clean = {k: v for k, v in env().items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    return subprocess.run([sys.executable, "-c", probe, repr(chat_prompts(AutoTokenizer.from_pretrained(
+        rollout.DEFAULT_MODEL))[:3])], cwd=ROOT, env=clean, capture_output=True, text=True, timeout=600)  # hang guard
+
+
+@needs_vllm
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt (train.keep_freed_memory)")
+@pytest.mark.ahead.with_args(_kv_cache_probe)
+def test_vllm_cpu_kv_cache_comes_back_zeroed_under_a_kept_heap(ahead):
+    """Under train.keep_freed_memory (the default on a CPU with memory to spare) a freed KV cache goes back to the
+    heap, not to the system, and its re-allocation is old memory. The wake-up zeroes it, as vLLM leaves a cache at
+    start: after the cache was filled with NaN, a sleep and a wake-up, it holds zeros only, and the engine samples
+    what it sampled before the sleep. (Without the zeroing a 4-step SmolLM2 run sampled nonsense from its fourth
+    rollout on.)"""
+    r = ahead.result(_kv_cache_probe)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split()[-2:] == ["True", "True"], r.stdout[-2000:]
 
@@ -415,28 +420,29 @@ engine.close()  # destroys the default process group it adopted
 '''
 
 
+def _colocated_sync(tmp):
+    """WORKER under torchrun, two ranks -> the run."""
+    from test_train import env, free_port  # a free port for the rendezvous (torchrun's --master_port 0 hangs)
+
+    script = tmp / "worker.py"
+    script.write_text(WORKER)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    # timeout: a hang guard, not a speed check (114 s measured with the 2 cores at load average 12)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", str(free_port()), str(script), tests_dir], capture_output=True, text=True,
+                          timeout=900, env=dict(env(), PYTHONPATH=os.pathsep.join([tests_dir, rollout.ROOT])),
+                          cwd=rollout.ROOT)
+
+
 @pytest.mark.smoke
 @needs_vllm
-def test_fsdp2_colocated_sync_under_torchrun(tmp_path):
+@pytest.mark.ahead.with_args(_colocated_sync)
+def test_fsdp2_colocated_sync_under_torchrun(ahead):
     """Two torchrun ranks, an FSDP2-sharded trainer and one vLLM engine per rank: after sync_weights each engine
     samples the trainer's (full, gathered) weights."""
     import json
-    import os
-    import socket
-    import subprocess
-    import sys
 
-    with socket.socket() as sock:  # a free port for the rendezvous (torchrun's --master_port 0 hangs)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests_dir, rollout.ROOT]))
-    # timeout: a hang guard, not a speed check (114 s measured with the 2 cores at load average 12)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(port), str(script), tests_dir],
-                          capture_output=True, text=True, timeout=900, env=env, cwd=rollout.ROOT)
+    proc = ahead.result(_colocated_sync)
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
     assert proc.returncode == 0 and len(results) == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     for r in results:  # the fp32 tolerance of logprob_error; the perturbation shows far beyond it (teeth)

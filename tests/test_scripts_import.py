@@ -15,6 +15,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDERS = ("scripts", "benchmarks", "experiments", "derivations")
 
@@ -69,12 +71,17 @@ def scripts():
     return sorted(p for f in FOLDERS for p in glob.glob(os.path.join(ROOT, f, "*.py")))
 
 
-def test_every_script_finds_what_it_imports():
+def _import_every_script(tmp):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return subprocess.run([sys.executable, "-c", CHILD, ROOT, *scripts()], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.ahead.with_args(_import_every_script)
+def test_every_script_finds_what_it_imports(ahead):
     paths = scripts()
     assert len(paths) > 30 and os.path.join(ROOT, "benchmarks", "bench_reward.py") in paths
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    out = subprocess.run([sys.executable, "-c", CHILD, ROOT, *paths], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = ahead.result(_import_every_script)
     line = next((x for x in out.stdout.splitlines() if x.startswith("PROBLEMS ")), None)
     assert line is not None, out.stdout[-2000:] + out.stderr[-3000:]
     problems = json.loads(line[len("PROBLEMS "):])

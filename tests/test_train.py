@@ -41,19 +41,15 @@ ORIGINAL_ENV = dict(os.environ)  # at collection, before any test starts an engi
 
 
 def env():
-    e = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    # a process group of this pytest process (test_policy.py's fixture, among others) leaves its rendezvous variables
-    # in os.environ, and its store may still hold that port: every run here picks its own
+    """The environment of a command run as from a shell: the one pytest started with. What tests of this process
+    set later stays out: a process group's rendezvous variables (its store may still hold that port), and what an
+    in-process vLLM engine leaves (LD_PRELOAD of torch's libgomp, LD_LIBRARY_PATH, TORCHINDUCTOR_*), with which a run
+    computes with other rounding than the same command from a shell (the 1- vs 2-rank comparison below moved by 1e-4
+    with them). Read from a copy, not os.environ, which a test in the main thread may change while a job of
+    conftest's `ahead` reads it."""
+    e = dict(ORIGINAL_ENV, VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         e.pop(key, None)
-    # an in-process vLLM engine of an earlier test (test_rollout.py) leaves LD_PRELOAD (torch's libgomp),
-    # LD_LIBRARY_PATH and TORCHINDUCTOR_* in os.environ; a run started with them computes with other rounding
-    # than the same command from a shell (the 1- vs 2-rank comparison below moved by 1e-4 with them)
-    for key in [k for k in e if k in ("LD_PRELOAD", "LD_LIBRARY_PATH") or k.startswith("TORCHINDUCTOR_")]:
-        if key in ORIGINAL_ENV:
-            e[key] = ORIGINAL_ENV[key]
-        else:
-            del e[key]
     return e
 
 
@@ -80,21 +76,31 @@ def vllm_available():
         return False
 
 
-@pytest.mark.smoke
-# hf: slow, a repeat: the HF engine's 2-rank run trains, checkpoints and exports in the resume tests below
-@pytest.mark.parametrize("engine", ["vllm", pytest.param("hf", marks=pytest.mark.slow)])
-def test_train_two_ranks_runs_end_to_end(engine, tmp_path):
-    """`torchrun --nproc_per_node 2 train.py --method bandkl --delta 0.05` runs, logs, checkpoints and exports."""
-    if engine == "vllm" and not vllm_available():
-        pytest.skip("vllm is not importable")
-    run = tmp_path / "run"
+def _two_ranks_run(engine, tmp):
+    """`torchrun --nproc_per_node 2 train.py --method bandkl --delta 0.05 --rollout engine` -> (the run, its dir)."""
+    run = tmp / "run"
     # the HF run also takes the KL-to-reference and gradient-checkpointing paths (the paper's recipe uses both), a
     # temperature != 1, and 129 held-out prompts: shards of 65 and 64 need 2 and 1 generate calls (64 prompts per
     # call), which hung when the unsharded HF engine ran with synced_gpus
     extra = ["--kl-coef", "0.001", "--grad-checkpointing", "--temperature", "0.8", "--eval-prompts", "129",
              "--eval-n", "1"] if engine == "hf" else []
-    r = torchrun(["--method", "bandkl", "--delta", "0.05", "--rollout", engine, "--max-steps", "2",
-                  "--eval-every", "1", "--save-every", "1", "--out-dir", str(run), *FAST, *extra])
+    return torchrun(["--method", "bandkl", "--delta", "0.05", "--rollout", engine, "--max-steps", "2",
+                     "--eval-every", "1", "--save-every", "1", "--out-dir", str(run), *FAST, *extra]), run
+
+
+def _two_ranks_vllm(tmp):
+    return _two_ranks_run("vllm", tmp) if vllm_available() else None
+
+
+@pytest.mark.smoke
+# hf: slow, a repeat: the HF engine's 2-rank run trains, checkpoints and exports in the resume tests below
+@pytest.mark.parametrize("engine", [pytest.param("vllm", marks=pytest.mark.ahead.with_args(_two_ranks_vllm)),
+                                    pytest.param("hf", marks=pytest.mark.slow)])
+def test_train_two_ranks_runs_end_to_end(engine, tmp_path, ahead):
+    """`torchrun --nproc_per_node 2 train.py --method bandkl --delta 0.05` runs, logs, checkpoints and exports."""
+    if engine == "vllm" and not vllm_available():
+        pytest.skip("vllm is not importable")
+    r, run = ahead.result(_two_ranks_vllm) if engine == "vllm" else _two_ranks_run(engine, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = read_metrics(run)
     steps = [m for m in rows if "reward/mean" in m]
@@ -144,8 +150,17 @@ def test_engine_old_logp_and_rollout_correction_with_token_budget(tmp_path):
                 assert 0 <= m["rollout_is/seqs_out_frac"] <= 1 and m["rollout_is/rho_max"] >= m["rollout_is/rho_mean"]
 
 
+def _one_process_bf16(tmp):
+    """`python train.py` in bf16 (trainer and engine) -> (the run, its dir)."""
+    run = tmp / "run"
+    return subprocess.run([sys.executable, "train.py", "--max-steps", "2", "--eval-every", "0", "--no-export-hf",
+                           "--train-dtype", "bfloat16", "--rollout-dtype", "bfloat16", "--out-dir", str(run), *SHAPE],
+                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=HANG), run
+
+
 @pytest.mark.smoke
-def test_python_train_py_one_process_bf16(tmp_path):
+@pytest.mark.ahead.with_args(_one_process_bf16)
+def test_python_train_py_one_process_bf16(ahead):
     """`python train.py` (no torchrun) is the same program on one process; with --train-dtype/--rollout-dtype
     bfloat16 (FSDP2 mixed precision, vLLM bf16) the run trains, and the engine-vs-trainer gap is measured on the
     start-up line and every step: bf16 weights in vLLM's kernels against FSDP2's bf16 compute differ, so it is > 0
@@ -154,10 +169,7 @@ def test_python_train_py_one_process_bf16(tmp_path):
     test_first_mini_batch_old_logprobs_from_its_update_forward and tests/test_two_ranks.py's bf16-budget: here the
     first mini-batch's π_old is the update's own forward, so ratio/first_abs_dev is 0 by construction. Each step's line
     and metrics.jsonl give its tokens/s, and no MFU: a CPU has no peak to measure it against."""
-    run = tmp_path / "run"
-    r = subprocess.run([sys.executable, "train.py", "--max-steps", "2", "--eval-every", "0", "--no-export-hf",
-                        "--train-dtype", "bfloat16", "--rollout-dtype", "bfloat16", "--out-dir", str(run), *SHAPE],
-                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=HANG)
+    r, run = ahead.result(_one_process_bf16)
     assert r.returncode == 0, r.stderr[-3000:]
     cfg = json.loads((run / "config.json").read_text())
     assert (cfg["train_dtype"], cfg["rollout_dtype"]) == ("bfloat16", "bfloat16")
@@ -208,19 +220,15 @@ def test_fsdp_two_ranks_equal_one_rank(tmp_path, rollout_is):
         assert torch.allclose(outs[2][name], w1, rtol=2 * u, atol=2 * depth * u * moved), name
 
 
-@pytest.mark.smoke
-def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
-    """SIGKILL after the step-2 checkpoint, then --resume: same steps, same data position, same metrics; with
-    --keep-checkpoints 1 only the newest checkpoint is left, and the resumed run keeps that setting. The resume asks
-    for full recomputation where the run had none (time and memory, not the maths): it says so, runs it, and still
-    ends where the uninterrupted run ends. The uninterrupted run is two "nodes" on localhost (`--nnodes 2`, one
-    process each): they rendezvous, train, and are the same 2 ranks as one node's."""
+def _kill_and_resume(tmp):
+    """An uninterrupted run (two "nodes"), a run killed after its step-2 checkpoint and its resume with --recompute
+    full -> (full, cut, the cut run's saved config before the resume, the resume, step 4's checkpoint after the kill)."""
     args = ["--method", "bandkl", "--rollout", "hf", "--max-steps", "4", "--save-every", "2", "--keep-checkpoints",
             "1", "--eval-every", "0", "--no-export-hf", *FAST]
-    full = tmp_path / "full"
+    full = tmp / "full"
     two_nodes(full, args)
 
-    cut = tmp_path / "cut"
+    cut = tmp / "cut"
     cmd = [TORCHRUN, "--nproc_per_node", "2", "--master_port", str(free_port()), "train.py", *args,
            "--out-dir", str(cut)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -232,11 +240,23 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     # torchrun starts its workers in their own sessions: kill -9 every process of this run (they all name its dir)
     subprocess.run(["pkill", "-9", "-f", str(cut)], check=False)
     proc.wait()
-    assert not (cut / "checkpoints" / "step_000004").exists()
-
+    step4 = (cut / "checkpoints" / "step_000004").exists()
     saved = json.loads((cut / "config.json").read_text())
-    assert saved["recompute"] == "none"
     r = torchrun(["--resume", str(cut), "--max-steps", "4", "--recompute", "full"])
+    return full, cut, saved, r, step4
+
+
+@pytest.mark.smoke
+@pytest.mark.ahead.with_args(_kill_and_resume)
+def test_kill_and_resume_matches_uninterrupted_run(ahead):
+    """SIGKILL after the step-2 checkpoint, then --resume: same steps, same data position, same metrics; with
+    --keep-checkpoints 1 only the newest checkpoint is left, and the resumed run keeps that setting. The resume asks
+    for full recomputation where the run had none (time and memory, not the maths): it says so, runs it, and still
+    ends where the uninterrupted run ends. The uninterrupted run is two "nodes" on localhost (`--nnodes 2`, one
+    process each): they rendezvous, train, and are the same 2 ranks as one node's."""
+    full, cut, saved, r, step4 = ahead.result(_kill_and_resume)
+    assert not step4
+    assert saved["recompute"] == "none"
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout and "step_000002" in r.stdout
     assert "from the command line --max-steps 4 --recompute full" in r.stdout, r.stdout
@@ -253,31 +273,41 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
         assert x["entropy"] == pytest.approx(y["entropy"], rel=1e-5)
 
 
+def _one_rank_then_two(tmp):
+    """A one-rank run that checkpoints, its metrics gzipped, resumed on two ranks with no step left -> (the first run,
+    its metrics, its export's weights file, the resume, the run's dir)."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import compress_results
+
+    run = tmp / "run"
+    first = torchrun(["--method", "bandkl", "--rollout", "hf", "--max-steps", "1", "--save-every", "1",
+                      "--eval-every", "0", *FAST, "--out-dir", str(run)], nproc=1)
+    if first.returncode:
+        return first, None, None, None, run
+    lines = read_metrics(run)
+    one = shutil.copy(run / "hf" / "model.safetensors", tmp / "one.safetensors")
+    compress_results.compress(str(run / "metrics.jsonl"))
+    return first, lines, one, torchrun(["--resume", str(run), "--max-steps", "1"], nproc=2), run
+
+
 @pytest.mark.smoke
-def test_one_rank_checkpoint_resumes_on_two_ranks(tmp_path):
+@pytest.mark.ahead.with_args(_one_rank_then_two)
+def test_one_rank_checkpoint_resumes_on_two_ranks(ahead):
     """A one-rank checkpoint is written without DCP's collectives (checkpoint._alone); two ranks load it with theirs
     and reshard it: the weights they export after resuming (no step left to run) are the one-rank run's, bit for
     bit. The run's metrics were gzipped before the resume (scripts/compress_results.py, as a committed run's are):
     the resumed run's metrics.jsonl holds them again, and every reader sees them."""
     from safetensors.torch import load_file
 
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import compress_results
     from machinery.jsonl import read_jsonl
 
-    run = tmp_path / "run"
-    r = torchrun(["--method", "bandkl", "--rollout", "hf", "--max-steps", "1", "--save-every", "1", "--eval-every",
-                  "0", *FAST, "--out-dir", str(run)], nproc=1)
-    assert r.returncode == 0, r.stderr[-3000:]
-    one = load_file(run / "hf" / "model.safetensors")
-    lines = read_metrics(run)
+    first, lines, one, r, run = ahead.result(_one_rank_then_two)
+    assert first.returncode == 0, first.stderr[-3000:]
     assert [m["step"] for m in lines] == [1]
-    compress_results.compress(str(run / "metrics.jsonl"))
-    r = torchrun(["--resume", str(run), "--max-steps", "1"], nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
     assert read_metrics(run) == read_jsonl(str(run / "metrics.jsonl")) == lines
     assert "resumed from" in r.stdout and "written by 1 ranks, resuming with 2" in r.stdout, r.stdout
-    two = load_file(run / "hf" / "model.safetensors")
+    one, two = load_file(one), load_file(run / "hf" / "model.safetensors")
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
 
 
@@ -325,9 +355,9 @@ print(json.dumps(results))
 """
 
 
-@pytest.fixture(scope="module")
-def bad_flag_runs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("bad-flags")
+def _bad_flags(d):
+    """Every case of BAD_FLAGS through train.main in one process, the first also as `python train.py` -> (the folder,
+    [exit code, stderr] per case, the command's run)."""
     import rollout
     model = d / "dropout-model"  # packed attention has no dropout
     model.mkdir()
@@ -346,11 +376,12 @@ def bad_flag_runs(tmp_path_factory):
     return d, json.loads(r.stdout.splitlines()[-1]), cli
 
 
+@pytest.mark.ahead.with_args(_bad_flags)
 @pytest.mark.parametrize("case", range(len(BAD_FLAGS)), ids=[" ".join(f) for f, _ in BAD_FLAGS])
-def test_bad_flags_exit_2_with_one_line(case, bad_flag_runs):
+def test_bad_flags_exit_2_with_one_line(case, ahead):
     """Bad flags: one line naming the value on stderr, exit code 2, no run directory created. Checked through
     train.main in one process for every case, and for the first through the `python train.py` command itself."""
-    d, results, cli = bad_flag_runs
+    d, results, cli = ahead.result(_bad_flags)
     message = BAD_FLAGS[case][1]
     runs = [tuple(results[case])] + ([(cli.returncode, cli.stderr)] if case == 0 else [])
     for code, stderr in runs:

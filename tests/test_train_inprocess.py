@@ -145,14 +145,9 @@ def test_one_rank_checkpoint_adds_no_thread_and_round_trips(tmp_path, monkeypatc
         dist.destroy_process_group()
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
-def test_keep_freed_memory_reuses_freed_blocks_without_page_faults(monkeypatch):
-    """train.keep_freed_memory: blocks of 64 MiB allocated and freed over and over, as a step's logits and casts are,
-    come from the heap's freed blocks once it has them, without page faults; under glibc's default every one is a
-    fresh mmap whose 16k pages fault in again (two fresh processes, one kept, one under checkpointing, where it is not
-    set). Nor is it set over a user's own GLIBC_TUNABLES or MALLOC_*, nor with checkpointing off where the memory test
-    finds no room: the tiny model's update without checkpointing needs over 10 MB (16 bytes per parameter), and 1 MB
-    free is forced (decided here, in this process: a refusal returns before mallopt is called)."""
+def _fault_probes(tmp):
+    """Two fresh interpreters allocate and free 64 MiB blocks, one where train.keep_freed_memory keeps the heap, one
+    under checkpointing, where it is not set -> {name: (kept?, page faults of the last 5 rounds)}."""
     probe = (
         "import resource, sys, torch, rollout, train\n"
         "cfg = train.Config(model=rollout.DEFAULT_MODEL, grad_checkpointing=sys.argv[1] == 'on')\n"
@@ -171,6 +166,19 @@ def test_keep_freed_memory_reuses_freed_blocks_without_page_faults(monkeypatch):
         assert out.returncode == 0, out.stderr[-2000:]
         kept, faults = out.stdout.split()[-2:]
         runs[name] = (kept == "True", int(faults))
+    return runs
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+@pytest.mark.ahead.with_args(_fault_probes)
+def test_keep_freed_memory_reuses_freed_blocks_without_page_faults(ahead, monkeypatch):
+    """train.keep_freed_memory: blocks of 64 MiB allocated and freed over and over, as a step's logits and casts are,
+    come from the heap's freed blocks once it has them, without page faults; under glibc's default every one is a
+    fresh mmap whose 16k pages fault in again (two fresh processes, one kept, one under checkpointing, where it is not
+    set). Nor is it set over a user's own GLIBC_TUNABLES or MALLOC_*, nor with checkpointing off where the memory test
+    finds no room: the tiny model's update without checkpointing needs over 10 MB (16 bytes per parameter), and 1 MB
+    free is forced (decided here, in this process: a refusal returns before mallopt is called)."""
+    runs = ahead.result(_fault_probes)
     # the last 5 rounds: 10 blocks mapped and faulted afresh under the defaults (16k pages of 4 KiB each, or 32 where
     # the kernel backs them with 2 MiB pages: transparent huge pages "always"), the heap's own pages when kept
     assert runs["kept"][0] and not runs["checkpointing"][0], runs

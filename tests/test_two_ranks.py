@@ -57,14 +57,20 @@ def torchrun_scenarios(out, nproc, names):
     return finish_scenarios(start_scenarios(out, nproc, names), nproc)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def _scenarios(tmp):
     """{1: results, 2: results} of every scenario (bf16 ones where the CPU has native bf16)."""
-    tmp = tmp_path_factory.mktemp("two_ranks")
     names = NAMES + (BF16 if cpu_has_native_bf16() else [])
     # both world sizes at once (three single-threaded processes): each run's numbers are its own either way
     started = {n: start_scenarios(tmp / f"ranks{n}.pt", n, names) for n in (1, 2)}
     return {n: finish_scenarios(started[n], n) for n in (1, 2)}
+
+
+pytestmark = pytest.mark.ahead.with_args(_scenarios)
+
+
+@pytest.fixture(scope="module")
+def runs(ahead):
+    return ahead.result(_scenarios)
 
 
 def assert_same_update(one, two, scale=1):

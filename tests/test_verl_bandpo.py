@@ -13,14 +13,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERL_PY = os.path.join(ROOT, ".venv-verl", "bin", "python")
 
 
-@pytest.mark.smoke
-def test_verl_bandpo_in_verl_env():
+def _verl_checks(tmp):
+    """tests/verl_bandpo_checks.py under .venv-verl's pytest -> the run (None where .venv-verl is missing)."""
     if not os.path.exists(VERL_PY):
+        return None
+    cmd = [VERL_PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/verl_bandpo_checks.py"]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)  # a hang guard, not a speed check
+
+
+@pytest.mark.smoke
+@pytest.mark.ahead.with_args(_verl_checks)
+def test_verl_bandpo_in_verl_env(ahead):
+    out = ahead.result(_verl_checks)
+    if out is None:
         msg = ".venv-verl is missing: run `bash scripts/bootstrap_verl.sh` (or `make venv`)"
         if os.environ.get("CI") == "true":
             pytest.fail(msg)
         pytest.skip(msg)
-    cmd = [VERL_PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/verl_bandpo_checks.py"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)  # a hang guard, not a speed check
     assert out.returncode == 0, out.stdout[-10000:] + out.stderr[-4000:]
     assert " passed" in out.stdout and "skipped" not in out.stdout, out.stdout[-3000:]
