@@ -6,8 +6,8 @@ test's first multithreaded float math (machinery/precision.py says why).
 `ahead`: a test whose work is a command it then reads (a torchrun pair, a vLLM probe) names that work with
 `@pytest.mark.ahead.with_args(job)` (`with_args`: a mark called on a function alone would decorate it) and gets its
 result with `ahead.result(job)`. The marked jobs of the selected tests run one after another in a thread of this
-process from the start of the session, in the tests' order, while the tests of this process run beside them: the two
-cores work at once where a test would leave one idle. Each job runs once per session, however many tests share it,
+process from the start of the session, the last test's first, while the tests of this process run beside them (and
+run the first tests' jobs themselves): the two cores work at once where a test would leave one idle. Each job runs once per session, however many tests share it,
 in a folder of its own; what it raises is raised in each test that asks for it. BANDPO_TESTS_AHEAD=0 runs every job
 where its test asks for it instead."""
 import os
@@ -48,24 +48,30 @@ def group():
             os.environ[k] = v
 
 
-class Ahead:
-    """The marked jobs, started in order by one thread (kept until the session ends: tests count this process's
-    threads); `result(job)` waits for a started job, or runs one not started yet in the calling thread."""
+AHEAD_THREADS = 1  # threads that start marked jobs (BANDPO_TESTS_AHEAD overrides; 0: each where its test asks)
 
-    def __init__(self, jobs, tmp_path_factory, start):
+
+class Ahead:
+    """The marked jobs, started by the thread from the last test's backwards while the tests ask from the first
+    forwards: a test that asks for a job not started yet runs it in its own thread, so that neither waits for the
+    other until the two meet; `result(job)` waits for a started one. The thread stays until the session ends (tests
+    count this process's threads)."""
+
+    def __init__(self, jobs, tmp_path_factory, threads):
         self.tmp, self.lock, self.done = tmp_path_factory, threading.Condition(), {}
         self.queue, self.running, self.closing = list(dict.fromkeys(jobs)), set(), False
-        self.thread = threading.Thread(target=self._work, name="tests-ahead", daemon=True) if start else None
-        if self.thread:
-            self.thread.start()
+        self.threads = [threading.Thread(target=self._work, name=f"tests-ahead-{i}", daemon=True)
+                        for i in range(threads)]
+        for t in self.threads:
+            t.start()
 
     def _take(self, job=None):
         """-> the job to run now (the asked one, or the queue's next), marked running; None if there is none."""
         with self.lock:
-            if job is None:  # the worker: waits for the queue (the thread stays until close)
+            if job is None:  # a thread: waits for the queue (it stays until close)
                 while not self.queue and not self.closing:
                     self.lock.wait()
-                job = None if self.closing else self.queue[0]
+                job = None if self.closing else self.queue[-1]
             if job is None or job in self.done or job in self.running:
                 return None
             if job in self.queue:  # a job leaves the queue when it starts, so the queue holds none done or running
@@ -103,8 +109,8 @@ class Ahead:
         with self.lock:
             self.closing, self.queue = True, []
             self.lock.notify_all()
-        if self.thread:
-            self.thread.join()
+        for t in self.threads:
+            t.join()
 
 
 def skipped(item):
@@ -117,7 +123,7 @@ def skipped(item):
 def ahead(request, tmp_path_factory):
     """The session's Ahead, started with the session: the jobs of the selected tests that will run."""
     jobs = [m.args[0] for item in request.session.items if not skipped(item) for m in item.iter_markers("ahead")]
-    runner = Ahead(jobs, tmp_path_factory, start=os.environ.get("BANDPO_TESTS_AHEAD", "1") != "0")
+    runner = Ahead(jobs, tmp_path_factory, threads=int(os.environ.get("BANDPO_TESTS_AHEAD", AHEAD_THREADS)))
     yield runner
     runner.close()
 

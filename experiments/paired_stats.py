@@ -10,6 +10,7 @@ and the power of such an interval (`power`, `equivalence_power`); tests/test_dri
 """
 
 import collections
+import functools
 import math
 
 # --- statistics: paired by seed, 95% t intervals, an equivalence margin, two windows -------------------------------
@@ -180,6 +181,7 @@ def t_cdf(x, df):
     return 0.5 + math.copysign(area, x)
 
 
+@functools.cache  # ~40 pure-Python integrations each; a report asks for the same few (p, df) dozens of times
 def t_quantile(p, df):
     """The p quantile of Student's t on df degrees of freedom (bisection on t_cdf, to 1e-9)."""
     lo, hi = -1e3, 1e3

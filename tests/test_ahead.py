@@ -1,6 +1,7 @@
 """conftest.Ahead, the runner of the jobs that tests marked `ahead` read: each job runs once however many tests ask,
-in the thread or in the asking test's, whichever comes first; what a job raises reaches every test that asks; the
-runner's thread stays until the session closes it (tests count this process's threads)."""
+in the runner's thread (from the last job backwards) or in the asking test's, whichever comes first; what a job
+raises reaches every test that asks; the thread stays until the session closes it (tests count this process's
+threads)."""
 import threading
 
 import pytest
@@ -21,44 +22,52 @@ class Folders:
         return path
 
 
-def test_each_job_runs_once_in_its_own_folder_and_errors_reach_every_asker(tmp_path):
-    calls, gate = [], threading.Event()
+def test_the_thread_starts_from_the_last_job_and_the_tests_from_the_first(tmp_path):
+    """Jobs first, last, last (one job asked by two tests): the thread starts `last` and holds it; a test that asks
+    for `first` runs it in its own thread at once; two tests that ask for `last` wait for the thread's one run. A job
+    that fails raises in every test that asks; one never marked runs where it is asked, once."""
+    calls, started, gate = [], threading.Event(), threading.Event()
 
-    def _slow(folder):
-        gate.wait(timeout=60)   # held until both askers wait on it
-        calls.append(("slow", folder))
-        return 1
+    def record(name):
+        calls.append((name, threading.current_thread().name))
+
+    def _first(folder):
+        record("first")
+        return folder.name
+
+    def _last(folder):
+        record("last")
+        started.set()
+        gate.wait(timeout=60)   # held until both tests wait on it
+        return folder.name
 
     def _fails(folder):
-        calls.append(("fails", folder))
+        record("fails")
         raise ValueError("boom")
 
-    def _later(folder):
-        calls.append(("later", folder))
-        return 3
-
     folders = Folders(tmp_path)
-    runner = Ahead([_slow, _fails, _slow], folders, start=True)
+    runner = Ahead([_first, _last, _last], folders, threads=1)
     try:
+        assert started.wait(timeout=60)
+        assert runner.result(_first) == "first1"   # the thread holds `last` (folder 0): this runs here, now
         got = []
-        askers = [threading.Thread(target=lambda: got.append(runner.result(_slow))) for _ in range(2)]
+        askers = [threading.Thread(target=lambda: got.append(runner.result(_last))) for _ in range(2)]
         for t in askers:
             t.start()
         gate.set()
         for t in askers:
             t.join(timeout=60)
-        assert got == [1, 1]
+        assert got == ["last0", "last0"]
         for _ in range(2):  # the same exception, to each test that asks
             with pytest.raises(ValueError, match="boom"):
                 runner.result(_fails)
-        assert runner.result(_later) == 3    # never queued: run in the asking thread, once
-        assert runner.result(_later) == 3
-        assert [name for name, _ in calls] == ["slow", "fails", "later"]
-        assert folders.made == ["slow", "fails", "later"] and len({f for _, f in calls}) == 3
-        assert runner.thread.is_alive()      # the queue is empty; the thread waits for the close
+        here = threading.current_thread().name
+        assert calls == [("last", "tests-ahead-0"), ("first", here), ("fails", here)], calls
+        assert folders.made == ["last", "first", "fails"]
+        assert runner.threads[0].is_alive()  # the queue is empty; the thread waits for the close
     finally:
         runner.close()
-    assert not runner.thread.is_alive()
+    assert not runner.threads[0].is_alive()
 
 
 def test_without_the_thread_a_job_runs_where_it_is_asked(tmp_path):
@@ -68,6 +77,6 @@ def test_without_the_thread_a_job_runs_where_it_is_asked(tmp_path):
         threads.append(threading.current_thread())
         return folder.name
 
-    runner = Ahead([_job], Folders(tmp_path), start=False)
-    assert runner.thread is None and runner.result(_job) == "job0" and threads == [threading.current_thread()]
+    runner = Ahead([_job], Folders(tmp_path), threads=0)
+    assert runner.threads == [] and runner.result(_job) == "job0" and threads == [threading.current_thread()]
     runner.close()
