@@ -51,6 +51,10 @@ def group():
 AHEAD_THREADS = 1  # threads that start marked jobs (BANDPO_TESTS_AHEAD overrides; 0: each where its test asks)
 
 
+def ahead_threads():
+    return int(os.environ.get("BANDPO_TESTS_AHEAD", AHEAD_THREADS))
+
+
 class Ahead:
     """The marked jobs, started by the thread from the last test's backwards while the tests ask from the first
     forwards: a test that asks for a job not started yet runs it in its own thread, so that neither waits for the
@@ -123,14 +127,18 @@ def skipped(item):
 def ahead(request, tmp_path_factory):
     """The session's Ahead, started with the session: the jobs of the selected tests that will run."""
     jobs = [m.args[0] for item in request.session.items if not skipped(item) for m in item.iter_markers("ahead")]
-    runner = Ahead(jobs, tmp_path_factory, threads=int(os.environ.get("BANDPO_TESTS_AHEAD", AHEAD_THREADS)))
+    runner = Ahead(jobs, tmp_path_factory, threads=ahead_threads())
     yield runner
     runner.close()
 
 
 def pytest_collection_modifyitems(config, items):
+    """`gpu` tests skip without CUDA. The tests that read a job of `ahead` run last, in their order: the tests of
+    this process run first, beside the thread's jobs, and no test of this process is left to run alone at the end."""
     import torch
 
+    if ahead_threads():
+        items.sort(key=lambda item: item.get_closest_marker("ahead") is not None)  # stable: the order kept within
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
