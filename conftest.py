@@ -6,10 +6,11 @@ test's first multithreaded float math (machinery/precision.py says why).
 `ahead`: a test whose work is a command it then reads (a torchrun pair, a vLLM probe) names that work with
 `@pytest.mark.ahead.with_args(job)` (`with_args`: a mark called on a function alone would decorate it) and gets its
 result with `ahead.result(job)`. The marked jobs of the selected tests run one after another in a thread of this
-process from the start of the session, the last test's first, while the tests of this process run beside them (and
-run the first tests' jobs themselves): the two cores work at once where a test would leave one idle. Each job runs once per session, however many tests share it,
-in a folder of its own; what it raises is raised in each test that asks for it. BANDPO_TESTS_AHEAD=0 runs every job
-where its test asks for it instead."""
+process from the start of the pytest run, the last test's first, while the tests of this process run beside them
+(and run the first tests' jobs themselves); the tests that read a job run last. The two cores work at once where a
+test would leave one idle. Each job runs once per pytest run, however many tests share it, in a folder of its own;
+what it raises is raised in each test that asks for it. BANDPO_TESTS_AHEAD=N runs N threads (1 by default); 0 runs
+every job where its test asks for it, in the files' order."""
 import os
 import socket
 import threading
@@ -58,8 +59,8 @@ def ahead_threads():
 class Ahead:
     """The marked jobs, started by the thread from the last test's backwards while the tests ask from the first
     forwards: a test that asks for a job not started yet runs it in its own thread, so that neither waits for the
-    other until the two meet; `result(job)` waits for a started one. The thread stays until the session ends (tests
-    count this process's threads)."""
+    other until the two meet; `result(job)` waits for a started one. The thread stays until the pytest run ends
+    (tests count this process's threads)."""
 
     def __init__(self, jobs, tmp_path_factory, threads):
         self.tmp, self.lock, self.done = tmp_path_factory, threading.Condition(), {}
@@ -125,7 +126,7 @@ def skipped(item):
 
 @pytest.fixture(scope="session", autouse=True)
 def ahead(request, tmp_path_factory):
-    """The session's Ahead, started with the session: the jobs of the selected tests that will run."""
+    """The pytest run's Ahead, started with it: the jobs of the selected tests that will run."""
     jobs = [m.args[0] for item in request.session.items if not skipped(item) for m in item.iter_markers("ahead")]
     runner = Ahead(jobs, tmp_path_factory, threads=ahead_threads())
     yield runner

@@ -1,6 +1,6 @@
 """conftest.Ahead, the runner of the jobs that tests marked `ahead` read: each job runs once however many tests ask,
 in the runner's thread (from the last job backwards) or in the asking test's, whichever comes first; what a job
-raises reaches every test that asks; the thread stays until the session closes it (tests count this process's
+raises reaches every test that asks; the thread stays until the pytest run closes it (tests count this process's
 threads)."""
 import threading
 

@@ -197,11 +197,9 @@ def test_probe_readings_by_hand():
 
 def _shell_env():
     """The module's process group (the fixture above) leaves its rendezvous variables in os.environ, and its store
-    still holds that port: a drift.py command must pick its own, as a run from a shell does."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+    still holds that port: a drift.py command must pick its own, as a run from a shell does (test_train.env)."""
+    from test_train import env
+    return dict(env(), OMP_NUM_THREADS="1")
 
 
 def _refused(argv, capsys, monkeypatch):

@@ -167,8 +167,9 @@ print(json.dumps(out))
 
 
 def _varlen_late(tmp):
+    from test_train import env  # as from a shell
     return subprocess.run([sys.executable, "-c", VARLEN_LATE], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=ROOT), timeout=600)  # a hang guard: one fresh interpreter
+                          env=dict(env(), PYTHONPATH=ROOT), timeout=600)  # a hang guard: one fresh interpreter
 
 
 @pytest.mark.ahead.with_args(_varlen_late)

@@ -72,8 +72,8 @@ def scripts():
 
 
 def _import_every_script(tmp):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    return subprocess.run([sys.executable, "-c", CHILD, ROOT, *scripts()], cwd=ROOT, env=env, capture_output=True,
+    from test_train import env  # as from a shell
+    return subprocess.run([sys.executable, "-c", CHILD, ROOT, *scripts()], cwd=ROOT, env=env(), capture_output=True,
                           text=True, timeout=300)
 
 

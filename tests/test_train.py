@@ -48,7 +48,7 @@ def env():
     with them). Read from a copy, not os.environ, which a test in the main thread may change while a job of
     conftest's `ahead` reads it."""
     e = dict(ORIGINAL_ENV, VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         e.pop(key, None)
     return e
 
