@@ -5,8 +5,8 @@ tests/fsdp_step.py runs each scenario (one rollout's updates, 2 mini-batches) on
 model under `torchrun` with gloo on CPU, with 1 rank and with 2, on the same 16 rows: token budgets
 that plan different micro-batch counts on the two ranks (rank 0's responses are 1-2 tokens, rank
 1's 8-10), --share-prompt, the sequence-level rollout corrections, --old-logp engine, the KL term,
-bf16 compute, a resume, packed micro-batches with selective recomputation and with compiled layers,
-and FSDP2's reduce after every micro-batch (the reference of the update's one reduce per
+bf16 compute, a resume, packed micro-batches with selective recomputation and with compiled layers
+(their own pair, `slow`: Inductor compiles cold in each process), and FSDP2's reduce after every micro-batch (the reference of the update's one reduce per
 mini-batch). The normalisers are the whole mini-batch's, so the update must not depend on how rows
 fall into ranks and micro-batches: the weights after it agree to float32 rounding. A run that hangs
 (ranks running different numbers of collectives) fails at the guard.
@@ -26,7 +26,11 @@ import rollout
 
 U32 = torch.finfo(torch.float32).eps / 2  # float32 unit roundoff
 NAMES = ["budget", "share-prompt", "sequence-truncate", "sequence-mask", "engine", "kl", "resume",
-         "pack-budget", "pack-kl-is", "pack-selective", "pack-compiled", "budget-reduce-each"]
+         "pack-budget", "pack-kl-is", "pack-selective", "budget-reduce-each"]
+# compiled layers: Inductor compiles each process's layers cold (~50 CPU-s a process on a 2-core Zen 4, as much as
+# all the scenarios above), so their 2-rank run is `slow`; tests/test_recompute.py's compiled packed = padded runs
+# in `make test`
+COMPILED = ["budget", "pack-compiled"]
 BF16 = ["bf16", "bf16-budget", "bf16-pack", "bf16-budget-reduce-each"]
 
 
@@ -57,12 +61,20 @@ def torchrun_scenarios(out, nproc, names):
     return finish_scenarios(start_scenarios(out, nproc, names), nproc)
 
 
-def _scenarios(tmp):
-    """{1: results, 2: results} of every scenario (bf16 ones where the CPU has native bf16)."""
-    names = NAMES + (BF16 if cpu_has_native_bf16() else [])
-    # both world sizes at once (three single-threaded processes): each run's numbers are its own either way
+def both_world_sizes(tmp, names):
+    """{1: results, 2: results} of `names`, both world sizes at once (three single-threaded processes: each run's
+    numbers are its own either way)."""
     started = {n: start_scenarios(tmp / f"ranks{n}.pt", n, names) for n in (1, 2)}
     return {n: finish_scenarios(started[n], n) for n in (1, 2)}
+
+
+def _scenarios(tmp):
+    """Every scenario of NAMES (and BF16 where the CPU has native bf16) on 1 and 2 ranks."""
+    return both_world_sizes(tmp, NAMES + (BF16 if cpu_has_native_bf16() else []))
+
+
+def _compiled(tmp):
+    return both_world_sizes(tmp, COMPILED)
 
 
 pytestmark = pytest.mark.ahead.with_args(_scenarios)
@@ -224,10 +236,19 @@ def test_bf16_packed_first_ratio_exactly_one(runs):
         assert runs[n]["bf16-pack"]["metrics"]["ratio/first_abs_dev"] == 0.0, n
 
 
-def test_packed_recompute_and_compiled_layers_equal_one_rank_and_padded(runs):
-    """--recompute selective and --compile-layers change what the backward runs, not what it
-    computes: each packed update on 2 ranks equals 1 rank's and the padded row micro-batches'
-    ("budget"). Selective recomputation reruns the same ops: the same bound. Compiled layers run
+def test_packed_selective_recompute_equal_one_rank_and_padded(runs):
+    """--recompute selective changes what the backward runs, not what it computes: the packed update on 2 ranks
+    equals 1 rank's and the padded row micro-batches' ("budget"); it reruns the same ops: the same bound."""
+    for n in (1, 2):
+        assert_same_update(runs[1]["budget"]["weights"], runs[n]["pack-selective"]["weights"])
+    assert_same_update(runs[1]["pack-selective"]["weights"], runs[2]["pack-selective"]["weights"])
+
+
+@pytest.mark.slow
+@pytest.mark.ahead.with_args(_compiled)
+def test_packed_compiled_layers_equal_one_rank_and_padded(ahead):
+    """--compile-layers changes what the backward runs, not what it computes: the packed update on 2
+    ranks equals 1 rank's and the padded row micro-batches' ("budget"). Compiled layers run
     Inductor's own kernels: its vectorised exp, rsqrt and sigmoid are 1-ulp functions (Sleef's)
     where eager's are within 0.5 ulp, and its reductions associate differently (within a vector
     register, then across), so each value errs by up to ~4 u where eager's errs by u: the bound x 4
@@ -235,12 +256,11 @@ def test_packed_recompute_and_compiled_layers_equal_one_rank_and_padded(runs):
     detects: at AVX-512 its vectors and its reductions' partial sums are 16 lanes wide, and the embedding's
     gradient, a sum over every position of a token, carries twice the reassociation: x 8 there. Between two
     compiled runs the kernels are the same: the plain bound."""
+    runs = ahead.result(_compiled)
     lanes = 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
     for n in (1, 2):
-        assert_same_update(runs[1]["budget"]["weights"], runs[n]["pack-selective"]["weights"])
         assert_same_update(runs[1]["budget"]["weights"], runs[n]["pack-compiled"]["weights"], lanes // 2)
-    for name in ("pack-selective", "pack-compiled"):
-        assert_same_update(runs[1][name]["weights"], runs[2][name]["weights"])
+    assert_same_update(runs[1]["pack-compiled"]["weights"], runs[2]["pack-compiled"]["weights"])
 
 
 def test_one_reduce_per_mini_batch_equals_a_reduce_per_micro_batch(runs):
