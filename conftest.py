@@ -26,6 +26,20 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from machinery import precision  # noqa: E402,F401
 
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT")
+_GIVEN_PORTS, _PORTS_LOCK = set(), threading.Lock()
+
+
+def free_port():
+    """A port free now and not given before in this pytest run: the kernel may give a closed port out again at once,
+    and two commands started together (a job of `ahead` and a test's, or a 1- and a 2-rank run) must not share it."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with _PORTS_LOCK:  # the ahead thread and a test may ask at once
+            if port not in _GIVEN_PORTS:
+                _GIVEN_PORTS.add(port)
+                return port
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +49,7 @@ def group():
     import torch.distributed as dist
 
     before = {k: os.environ.get(k) for k in RENDEZVOUS}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     yield
     dist.destroy_process_group()

@@ -7,7 +7,6 @@ one can be made) bounds it; two ranks whose free memory differs decide the same,
 estimate's micro-batch holds a row longer than the token budget (hand-computed).
 """
 import os
-import socket
 import subprocess
 import sys
 
@@ -17,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import config
+from conftest import free_port
 from machinery import memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -233,17 +233,11 @@ def _decide(rank, world, port, out):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_ranks_decide(tmp):
     """_decide on two spawned ranks -> every rank's result of every case, sorted."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_decide, args=(r, 2, port, out)) for r in range(2)]
     for p in procs:
         p.start()

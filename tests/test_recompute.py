@@ -4,7 +4,7 @@ full), compiled decoder layers (--compile-layers), the fused head's float32 weig
 compiled chunk functions (--compile-head), and a
 run saved before these settings existed (the memory model that picks a recomputation: tests/test_memory.py). Every
 check compares against the padded path, a float64 computation, an op count or a hand computation.
-Two ranks: tests/test_two_ranks.py (pack-selective, pack-compiled).
+Two ranks: tests/test_two_ranks.py (pack-selective; pack-compiled in `make test-slow`).
 """
 import json
 import os

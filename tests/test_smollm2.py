@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import data
+from conftest import free_port
 import logprobs
 import rollout
 
@@ -47,11 +48,7 @@ def torchrun(args, timeout=900):
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [TORCHRUN, "--nproc_per_node", "2", "--master_port", str(port), "train.py", *args]
+    cmd = [TORCHRUN, "--nproc_per_node", "2", "--master_port", str(free_port()), "train.py", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 

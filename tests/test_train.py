@@ -12,13 +12,14 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 import torch
+
+from conftest import free_port  # noqa: F401 (the tests that start commands import it from here)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -29,12 +30,6 @@ SHAPE = ["--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts",
 FAST = [*SHAPE, "--train-dtype", "float32", "--rollout-dtype", "float32"]
 REQUIRED_KEYS = {"step", "reward/mean", "entropy", "clip/frac", "clip/frac_upper", "clip/frac_lower",
                  "clip/low_p_upper_rate", "time/step"}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 ORIGINAL_ENV = dict(os.environ)  # at collection, before any test starts an engine in this process
