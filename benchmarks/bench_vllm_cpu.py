@@ -6,10 +6,11 @@ benchmarks/bench_vs_trl.py), or `--shape demo` (make demo-real's: arithmetic-ins
 Each variant runs in a fresh interpreter (one engine per process, as in training): an engine start, one warm-up
 rollout, then --repeats timed rollouts (seeds 1..N); tokens/s counts sampled tokens. Variants: the dtype, the KV
 cache's size (rollout.make_engine's kv_cache_gib; vLLM schedules fewer sequences at once where the cache is short),
-and the per-token log-probs (what training asks for) on or off. The bound is benchmarks/bench_roofline.py's at the
+the per-token log-probs (what training asks for) on or off, and vLLM's compiled graphs (`enforce_eager=False`, which
+rollout.VLLMEngine leaves off on a CPU; its compilation is in the engine start). The bound is benchmarks/bench_roofline.py's at the
 shape's mean prompt length (decode by copy bandwidth, prefill by a layer's matmul rate), run after the variants.
 
-    python benchmarks/bench_vllm_cpu.py [--shape trl|demo] [--repeats 3]
+    python benchmarks/bench_vllm_cpu.py [--shape trl|demo] [--repeats 3] [--dtype bfloat16]
 """
 import argparse
 import json
@@ -22,16 +23,21 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "models", "smollm2-135m-instruct")
 SHAPES = {"trl": (os.path.join(ROOT, "data", "gsm8k"), 48), "demo": ("arithmetic-instruct:1,3", 32)}
-# (dtype, KV cache GiB, log-probs): the engine as train.py builds it first (float32 on a CPU without native bf16)
-VARIANTS = [("float32", 0.25, True), ("float32", 1.0, True), ("float32", 0.25, False), ("bfloat16", 0.25, True),
-            ("bfloat16", 1.0, True)]
+# (dtype, KV cache GiB, log-probs, compiled): the engine as train.py builds it first (float32 on a CPU without
+# native bf16)
+VARIANTS = [("float32", 0.25, True, False), ("float32", 1.0, True, False), ("float32", 0.25, False, False),
+            ("bfloat16", 0.25, True, False), ("bfloat16", 1.0, True, False), ("bfloat16", 0.25, True, True)]
 
 CHILD = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import data, rollout
 from transformers import AutoTokenizer
-model, name, new, dtype, kv, logprobs, repeats = sys.argv[2:9]
+model, name, new, dtype, kv, logprobs, repeats, compiled = sys.argv[2:10]
+if compiled == "1":  # rollout.VLLMEngine passes enforce_eager=True off CUDA: overridden here only
+    import vllm
+    eager_llm = vllm.LLM
+    vllm.LLM = lambda *a, **k: eager_llm(*a, **dict(k, enforce_eager=False))
 tok = AutoTokenizer.from_pretrained(model)
 ids, _, _ = data.tokenize_prompts(data.load(name, split="test", n=8, seed=0), tok, 512)
 t0 = time.perf_counter()
@@ -56,33 +62,38 @@ def main():
     ap.add_argument("--shape", choices=sorted(SHAPES), default="trl")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], help="only this dtype's variants")
     a = ap.parse_args()
     name, new = SHAPES[a.shape]
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
     rows, prompt_len = [], None
-    for dtype, kv, logprobs in VARIANTS:
+    for dtype, kv, logprobs, compiled in VARIANTS:
+        if a.dtype and dtype != a.dtype:
+            continue
         r = subprocess.run([sys.executable, "-c", CHILD, ROOT, a.model, name, str(new), dtype, str(kv),
-                            "1" if logprobs else "0", str(a.repeats)], capture_output=True, text=True, env=env,
-                           timeout=1800)  # a hang guard
+                            "1" if logprobs else "0", str(a.repeats), "1" if compiled else "0"],
+                           capture_output=True, text=True, env=env, timeout=1800)  # a hang guard
         line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
         if r.returncode or line is None:
             sys.exit(f"bench_vllm_cpu.py: the {dtype} / {kv} GiB variant failed: {r.stderr[-2000:]}")
         res = json.loads(line[7:])
         prompt_len = res["prompt_len"]
         rate = [n / t for n, t in zip(res["tokens"], res["times"])]
-        rows.append((dtype, kv, logprobs, res["start"], statistics.median(res["times"]),
+        rows.append((dtype, kv, logprobs, compiled, res["start"], statistics.median(res["times"]),
                      statistics.mean(res["tokens"]) / 64, statistics.median(rate)))
-        print(f"  {dtype} kv {kv} GiB logprobs {logprobs}: {rows[-1][4]:.2f} s, {rows[-1][6]:.0f} tok/s",
+        print(f"  {dtype} kv {kv} GiB logprobs {logprobs} compiled {compiled}: {rows[-1][5]:.2f} s, "
+              f"{rows[-1][7]:.0f} tok/s",
               file=sys.stderr, flush=True)
-    base = rows[0][6]
+    base = rows[0][7]
     print(f"{os.path.basename(a.model)}, {a.shape} shape: 8 prompts (mean {prompt_len:.0f} tokens) x 8, up to {new} "
           f"new tokens; {time.strftime('%Y-%m-%d')}; median of {a.repeats} after a warm-up\n")
-    print("| dtype | KV cache GiB | log-probs | engine start s | rollout s | tokens / completion | tokens/s | x first |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|")
-    for dtype, kv, lp, start, t, per, rate in rows:
-        print(f"| {dtype} | {kv} | {'on' if lp else 'off'} | {start:.1f} | {t:.2f} | {per:.1f} | {rate:.0f} | "
-              f"{rate / base:.2f} |")
-    for dtype in sorted({v[0] for v in VARIANTS}):  # the bound at this shape, measured now
+    print("| dtype | KV cache GiB | log-probs | graphs | engine start s | rollout s | tokens / completion | tokens/s "
+          "| x first |")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|")
+    for dtype, kv, lp, compiled, start, t, per, rate in rows:
+        print(f"| {dtype} | {kv} | {'on' if lp else 'off'} | {'compiled' if compiled else 'eager'} | {start:.1f} | "
+              f"{t:.2f} | {per:.1f} | {rate:.0f} | {rate / base:.2f} |")
+    for dtype in sorted({r[0] for r in rows}):  # the bound at this shape, measured now
         print()
         r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_roofline.py"), "--model",
                             a.model, "--prompts", "8", "--group-size", "8", "--prompt-len", str(round(prompt_len)),
