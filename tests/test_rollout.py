@@ -274,84 +274,6 @@ def test_vllm_level_1_sleep_keeps_the_weights(vllm_engine, prompts):
     assert [c.logprobs for c in after] == [c.logprobs for c in before]
 
 
-def _kv_cache_probe(tmp):
-    """A fresh process's engine under keep_freed_memory, its cache NaN, a sleep, a wake-up -> the run (zeroed? same?)."""
-    probe = (
-        "import math, sys, torch, train, rollout\n"
-        "assert train.keep_freed_memory(train.Config(model=rollout.DEFAULT_MODEL, grad_checkpointing=False),\n"
-        "                               torch.device('cpu'), free=2**40)\n"
-        "engine = rollout.make_engine('vllm', rollout.DEFAULT_MODEL, seed=0, dtype='float32')\n"
-        "prompts = eval(sys.argv[1])\n"
-        "sampling = rollout.Sampling(max_new_tokens=12, seed=4, logprobs=True)\n"
-        "before = engine.generate(prompts, 2, sampling)\n"
-        "engine.llm.collective_rpc(lambda w: [c.fill_(math.nan) for c in w.model_runner.kv_caches])\n"
-        "engine.sleep(level=1)\n"
-        "engine.wake_up()\n"
-        "zero = engine.llm.collective_rpc(lambda w: all(c.count_nonzero().item() == 0 "
-        "for c in w.model_runner.kv_caches))[0]\n"
-        "after = engine.generate(prompts, 2, sampling)\n"
-        "print(zero, [c.token_ids for c in after] == [c.token_ids for c in before])\n"
-        "engine.close()\n")
-    from test_train import ROOT, env  # as from a shell, but with glibc's malloc defaults
-    clean = {k: v for k, v in env().items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    return subprocess.run([sys.executable, "-c", probe, repr(chat_prompts(AutoTokenizer.from_pretrained(
-        rollout.DEFAULT_MODEL))[:3])], cwd=ROOT, env=clean, capture_output=True, text=True, timeout=600)  # hang guard
-
-
-@needs_vllm
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt (train.keep_freed_memory)")
-@pytest.mark.ahead.with_args(_kv_cache_probe)
-def test_vllm_cpu_kv_cache_comes_back_zeroed_under_a_kept_heap(ahead):
-    """Under train.keep_freed_memory (the default on a CPU with memory to spare) a freed KV cache goes back to the
-    heap, not to the system, and its re-allocation is old memory. The wake-up zeroes it, as vLLM leaves a cache at
-    start: after the cache was filled with NaN, a sleep and a wake-up, it holds zeros only, and the engine samples
-    what it sampled before the sleep. (Without the zeroing a 4-step SmolLM2 run sampled nonsense from its fourth
-    rollout on.)"""
-    r = ahead.result(_kv_cache_probe)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split()[-2:] == ["True", "True"], r.stdout[-2000:]
-
-
-class _WakeUpReturnsNone:
-    """The installed LLM with vllm 0.22-0.26's wake_up, `self.llm_engine.wake_up(tags)` without a return (read in
-    vllm 0.26.0's vllm/entrypoints/llm.py): every call goes to the real engine, only the return value is dropped, as
-    those versions drop it. They cannot be installed on this CPU machine (they pin a CUDA torch 2.11)."""
-
-    def __init__(self, llm):
-        self.llm = llm
-
-    def __getattr__(self, name):
-        return getattr(self.llm, name)
-
-    def wake_up(self, tags=None):
-        self.llm.llm_engine.wake_up(tags)
-
-
-@needs_vllm
-@pytest.mark.parametrize("api", ["installed", "wake_up returns None (vllm 0.22-0.26)"])
-def test_vllm_second_sleep_after_wake_reaches_the_engine(api, vllm_engine, hf_model, prompts):
-    """The wrapper's sleep state follows the calls it made, whatever LLM.wake_up returns: after a sleep and a full
-    wake (in the two stages of a training step) the next sleep reaches vLLM again. Checked against the engine's own
-    state, `LLMEngine.is_sleeping()` (vLLM's executor records the tags put to sleep, on CPU too), after every call.
-    With `asleep = not llm.wake_up(tags)` and a None return the second sleep never reached the engine."""
-    llm = vllm_engine.llm
-    if api != "installed":
-        vllm_engine.llm = _WakeUpReturnsNone(llm)
-    try:
-        states = []
-        for call in (vllm_engine.sleep, lambda: vllm_engine.wake_up(["weights"]),
-                     lambda: vllm_engine.wake_up(["kv_cache"]), vllm_engine.sleep, vllm_engine.wake_up):
-            call()
-            states.append((vllm_engine.asleep, llm.llm_engine.is_sleeping()))
-        assert states == [(True, True), (True, True), (False, False), (True, True), (False, False)], states
-        rollout.sync_weights(vllm_engine, hf_model)  # a level-2 sleep dropped the weights
-        assert len(vllm_engine.generate(prompts[:1], 1, Sampling(max_new_tokens=4))) == 1  # awake: it serves
-    finally:
-        vllm_engine.llm = llm
-        vllm_engine.wake_up()
-        rollout.sync_weights(vllm_engine, hf_model)
-
-
 # --- bad input -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["hf", pytest.param("vllm", marks=needs_vllm)])
 def test_bad_generate_input(kind, request, prompts):
@@ -387,17 +309,20 @@ def test_auto_means_vllm_when_importable(monkeypatch):
 
 # --- colocated under torchrun: FSDP2 trainer + one vLLM engine per rank ------------------------------------------------
 WORKER = r'''
-import copy, json, sys
+import copy, json, math, sys
 import torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 sys.path.insert(0, sys.argv[1])
 import data
 import rollout
+import train
 from test_rollout import logprob_error, perturbed
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+kept = sys.argv[2] == "glibc" and train.keep_freed_memory(  # glibc's mallopt: the freed KV cache stays in the heap
+    train.Config(model=rollout.DEFAULT_MODEL, grad_checkpointing=False), torch.device("cpu"), free=2**40)
 base = AutoModelForCausalLM.from_pretrained(rollout.DEFAULT_MODEL, dtype=torch.float32).eval()
 new = perturbed(base)
 trainer = copy.deepcopy(new)
@@ -414,14 +339,23 @@ prompts = [hf.tokenizer(hf.tokenizer.apply_chat_template(r["messages"], add_gene
 out = engine.generate(prompts, 4, rollout.Sampling(max_new_tokens=16, seed=rank, logprobs=True))
 (err, tol), (err_old, _) = logprob_error(new, prompts, out), logprob_error(base, prompts, out)
 result = {"rank": rank, "vllm_err": err, "vllm_tol": tol, "vllm_err_old": err_old,
-          "hf_equal": all(torch.equal(a, b) for a, b in zip(hf.model.parameters(), new.parameters()))}
+          "hf_equal": all(torch.equal(a, b) for a, b in zip(hf.model.parameters(), new.parameters())), "kept": kept}
+if kept:  # the cache NaN, a sleep, a wake-up: zeroed? the same tokens as before?
+    sampling = rollout.Sampling(max_new_tokens=12, seed=4, logprobs=True)
+    before = engine.generate(prompts, 2, sampling)
+    engine.llm.collective_rpc(lambda w: [c.fill_(math.nan) for c in w.model_runner.kv_caches])
+    engine.sleep(level=1)
+    engine.wake_up()
+    result["kv_zero"] = engine.llm.collective_rpc(
+        lambda w: all(c.count_nonzero().item() == 0 for c in w.model_runner.kv_caches))[0]
+    result["kv_same"] = [c.token_ids for c in engine.generate(prompts, 2, sampling)] == [c.token_ids for c in before]
 print("RESULT " + json.dumps(result), flush=True)
 engine.close()  # destroys the default process group it adopted
 '''
 
 
 def _colocated_sync(tmp):
-    """WORKER under torchrun, two ranks -> the run."""
+    """WORKER under torchrun, two ranks, as from a shell but with glibc's malloc defaults -> the run."""
     from test_train import env, free_port  # a free port for the rendezvous (torchrun's --master_port 0 hangs)
 
     script = tmp / "worker.py"
@@ -429,9 +363,20 @@ def _colocated_sync(tmp):
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     # timeout: a hang guard, not a speed check (114 s measured with the 2 cores at load average 12)
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(free_port()), str(script), tests_dir], capture_output=True, text=True,
-                          timeout=900, env=dict(env(), PYTHONPATH=os.pathsep.join([tests_dir, rollout.ROOT])),
-                          cwd=rollout.ROOT)
+                           "--master_port", str(free_port()), str(script), tests_dir, platform.libc_ver()[0]],
+                          capture_output=True, text=True, timeout=900, cwd=rollout.ROOT,
+                          env={**{k: v for k, v in env().items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))},
+                               "PYTHONPATH": os.pathsep.join([tests_dir, rollout.ROOT])})
+
+
+def colocated_results(ahead):
+    """The two ranks' RESULT lines of the colocated run, which must have ended well."""
+    import json
+
+    proc = ahead.result(_colocated_sync)
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
+    assert proc.returncode == 0 and len(results) == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return results
 
 
 @pytest.mark.smoke
@@ -440,11 +385,19 @@ def _colocated_sync(tmp):
 def test_fsdp2_colocated_sync_under_torchrun(ahead):
     """Two torchrun ranks, an FSDP2-sharded trainer and one vLLM engine per rank: after sync_weights each engine
     samples the trainer's (full, gathered) weights."""
-    import json
-
-    proc = ahead.result(_colocated_sync)
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
-    assert proc.returncode == 0 and len(results) == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for r in results:  # the fp32 tolerance of logprob_error; the perturbation shows far beyond it (teeth)
+    for r in colocated_results(ahead):  # the fp32 tolerance of logprob_error; the perturbation far beyond it (teeth)
         assert r["vllm_err"] <= r["vllm_tol"] < 1e-3 and r["vllm_err_old"] > max(1e-3, 100 * r["vllm_tol"]), r
         assert r["hf_equal"], r
+
+
+@needs_vllm
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt (train.keep_freed_memory)")
+@pytest.mark.ahead.with_args(_colocated_sync)
+def test_vllm_cpu_kv_cache_comes_back_zeroed_under_a_kept_heap(ahead):
+    """Under train.keep_freed_memory (the default on a CPU with memory to spare) a freed KV cache goes back to the
+    heap, not to the system, and its re-allocation is old memory. The wake-up zeroes it, as vLLM leaves a cache at
+    start: after the cache was filled with NaN, a sleep and a wake-up, it holds zeros only, and the engine samples
+    what it sampled before the sleep. (Without the zeroing a 4-step SmolLM2 run sampled nonsense from its fourth
+    rollout on.)"""
+    for r in colocated_results(ahead):  # each rank's engine, after its weight sync (the colocated run's)
+        assert r["kept"] and r["kv_zero"] and r["kv_same"], r
