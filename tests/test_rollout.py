@@ -274,6 +274,46 @@ def test_vllm_level_1_sleep_keeps_the_weights(vllm_engine, prompts):
     assert [c.logprobs for c in after] == [c.logprobs for c in before]
 
 
+class _WakeUpReturnsNone:
+    """The installed LLM with vllm 0.22-0.26's wake_up, `self.llm_engine.wake_up(tags)` without a return (read in
+    vllm 0.26.0's vllm/entrypoints/llm.py): every call goes to the real engine, only the return value is dropped, as
+    those versions drop it. They cannot be installed on this CPU machine (they pin a CUDA torch 2.11)."""
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    def __getattr__(self, name):
+        return getattr(self.llm, name)
+
+    def wake_up(self, tags=None):
+        self.llm.llm_engine.wake_up(tags)
+
+
+@needs_vllm
+@pytest.mark.parametrize("api", ["installed", "wake_up returns None (vllm 0.22-0.26)"])
+def test_vllm_second_sleep_after_wake_reaches_the_engine(api, vllm_engine, hf_model, prompts):
+    """The wrapper's sleep state follows the calls it made, whatever LLM.wake_up returns: after a sleep and a full
+    wake (in the two stages of a training step) the next sleep reaches vLLM again. Checked against the engine's own
+    state, `LLMEngine.is_sleeping()` (vLLM's executor records the tags put to sleep, on CPU too), after every call.
+    With `asleep = not llm.wake_up(tags)` and a None return the second sleep never reached the engine."""
+    llm = vllm_engine.llm
+    if api != "installed":
+        vllm_engine.llm = _WakeUpReturnsNone(llm)
+    try:
+        states = []
+        for call in (vllm_engine.sleep, lambda: vllm_engine.wake_up(["weights"]),
+                     lambda: vllm_engine.wake_up(["kv_cache"]), vllm_engine.sleep, vllm_engine.wake_up):
+            call()
+            states.append((vllm_engine.asleep, llm.llm_engine.is_sleeping()))
+        assert states == [(True, True), (True, True), (False, False), (True, True), (False, False)], states
+        rollout.sync_weights(vllm_engine, hf_model)  # a level-2 sleep dropped the weights
+        assert len(vllm_engine.generate(prompts[:1], 1, Sampling(max_new_tokens=4))) == 1  # awake: it serves
+    finally:
+        vllm_engine.llm = llm
+        vllm_engine.wake_up()
+        rollout.sync_weights(vllm_engine, hf_model)
+
+
 # --- bad input -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["hf", pytest.param("vllm", marks=needs_vllm)])
 def test_bad_generate_input(kind, request, prompts):
