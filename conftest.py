@@ -4,13 +4,13 @@ tests that build FSDP2 models in this process. precision is imported first: its 
 test's first multithreaded float math (machinery/precision.py says why).
 
 `ahead`: a test whose work is a command it then reads (a torchrun pair, a vLLM probe) names that work with
-`@pytest.mark.ahead.with_args(job)` (`with_args`: a mark called on a function alone would decorate it; a test's
-own mark overrides its module's) and gets its result with `ahead.result(job)`. The marked jobs of the selected tests run one after another in a thread of this
-process from the start of the pytest run, the last test's first, while the tests of this process run beside them
-(and run the first tests' jobs themselves); the tests that read a job run last. The two cores work at once where a
-test would leave one idle. Each job runs once per pytest run, however many tests share it, in a folder of its own;
-what it raises is raised in each test that asks for it. BANDPO_TESTS_AHEAD=N runs N threads (1 by default); 0 runs
-every job where its test asks for it, in the files' order."""
+`@pytest.mark.ahead.with_args(job)` (`with_args`: a mark called on a function alone would decorate it; a test's own
+mark overrides its module's) and gets its result with `ahead.result(job)`. The marked jobs of the selected tests run
+one after another in a thread of this process from the start of the pytest run, the last test's first, while the tests
+of this process run beside them (and run the first tests' jobs themselves); the tests that read a job run last. The
+two cores work at once where a test would leave one idle. Each job runs once per pytest run, however many tests share
+it, in a folder of its own; what it raises is raised in each test that asks for it. BANDPO_TESTS_AHEAD=N runs N
+threads (1 by default); 0 runs every job where its test asks for it, in the files' order."""
 import os
 import socket
 import threading
@@ -138,7 +138,7 @@ def skipped(item):
 @pytest.fixture(scope="session", autouse=True)
 def ahead(request, tmp_path_factory):
     """The pytest run's Ahead, started with it: the jobs of the selected tests that will run."""
-    jobs = [m.args[0] for item in request.session.items
+    jobs = [m.args[0] for item in request.node.items  # the run's selected tests (the node: the whole run)
             if not skipped(item) and (m := item.get_closest_marker("ahead"))]  # a test's own mark over its module's
     runner = Ahead(jobs, tmp_path_factory, threads=ahead_threads())
     yield runner

@@ -7,8 +7,9 @@ Each variant runs in a fresh interpreter (one engine per process, as in training
 rollout, then --repeats timed rollouts (seeds 1..N); tokens/s counts sampled tokens. Variants: the dtype, the KV
 cache's size (rollout.make_engine's kv_cache_gib; vLLM schedules fewer sequences at once where the cache is short),
 the per-token log-probs (what training asks for) on or off, and vLLM's compiled graphs (`enforce_eager=False`, which
-rollout.VLLMEngine leaves off on a CPU; its compilation is in the engine start). The bound is benchmarks/bench_roofline.py's at the
-shape's mean prompt length (decode by copy bandwidth, prefill by a layer's matmul rate), run after the variants.
+rollout.VLLMEngine leaves off on a CPU; its compilation is in the engine start). The bound is
+benchmarks/bench_roofline.py's at the shape's mean prompt length (decode by copy bandwidth, prefill by a layer's
+matmul rate), run after the variants.
 
     python benchmarks/bench_vllm_cpu.py [--shape trl|demo] [--repeats 3] [--dtype bfloat16]
 """

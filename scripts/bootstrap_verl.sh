@@ -12,7 +12,9 @@ cd "$(dirname "$0")/.."
 VENV=${VENV_VERL:-.venv-verl}
 stamp="$VENV/.bootstrapped"
 BASE=${VENV_BASE:-.venv}
-[ -f "$BASE/.bootstrapped" ] || { echo "bootstrap_verl: $BASE is not built: run scripts/bootstrap.sh first" >&2; exit 2; }
+if [ ! -f "$BASE/.bootstrapped" ]; then
+  echo "bootstrap_verl: $BASE is not built: run scripts/bootstrap.sh first" >&2; exit 2
+fi
 want="$(cat scripts/bootstrap_verl.sh "$BASE/.bootstrapped" | sha1sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 

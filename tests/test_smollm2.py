@@ -21,9 +21,9 @@ import pytest
 import torch
 
 import data
-from conftest import free_port
 import logprobs
 import rollout
+from conftest import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "models", "smollm2-135m-instruct")

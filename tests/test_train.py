@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-from conftest import free_port  # noqa: F401 (the tests that start commands import it from here)
+from conftest import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")

@@ -1,15 +1,15 @@
 """2 ranks = 1 rank on one global batch, for every option that changes micro-batches, collectives
 or normalisers.
 
-tests/fsdp_step.py runs each scenario (one rollout's updates, 2 mini-batches) on the embedded tiny
-model under `torchrun` with gloo on CPU, with 1 rank and with 2, on the same 16 rows: token budgets
-that plan different micro-batch counts on the two ranks (rank 0's responses are 1-2 tokens, rank
-1's 8-10), --share-prompt, the sequence-level rollout corrections, --old-logp engine, the KL term,
-bf16 compute, a resume, packed micro-batches with selective recomputation and with compiled layers
-(their own pair, `slow`: Inductor compiles cold in each process), and FSDP2's reduce after every micro-batch (the reference of the update's one reduce per
-mini-batch). The normalisers are the whole mini-batch's, so the update must not depend on how rows
-fall into ranks and micro-batches: the weights after it agree to float32 rounding. A run that hangs
-(ranks running different numbers of collectives) fails at the guard.
+tests/fsdp_step.py runs each scenario (one rollout's updates, 2 mini-batches) on the embedded tiny model under
+`torchrun` with gloo on CPU, with 1 rank and with 2, on the same 16 rows: token budgets that plan different
+micro-batch counts on the two ranks (rank 0's responses are 1-2 tokens, rank 1's 8-10), --share-prompt, the
+sequence-level rollout corrections, --old-logp engine, the KL term, bf16 compute, a resume, packed
+micro-batches with selective recomputation and with compiled layers (their own pair, `slow`: Inductor compiles
+cold in each process), and FSDP2's reduce after every micro-batch (the reference of the update's one reduce
+per mini-batch). The normalisers are the whole mini-batch's, so the update must not depend on how rows fall
+into ranks and micro-batches: the weights after it agree to float32 rounding. A run that hangs (ranks running
+different numbers of collectives) fails at the guard.
 """
 import functools
 import math
