@@ -53,6 +53,7 @@ SLOW_START_S = 20.0    # wall seconds of a start after which a log line says tha
 START_ATTEMPTS = 3     # failed starts in a row after which `verify` raises Unavailable
 NUM_WORKERS = int(os.environ.get("BANDPO_REWARD_WORKERS", min(4, os.cpu_count() or 1)))
 STATS = {"timeouts": 0, "restarts": 0, "crashes": 0}
+PYTHON = sys.executable  # the workers' interpreter (tests point it elsewhere: never at sys, which every thread reads)
 # a worker checks these before it says "ready": a math-verify that imports but cannot read LaTeX
 # (e.g. a mismatched antlr4 runtime) would otherwise score every such answer wrong
 SELF_CHECK = (("\\sqrt{8}", "2\\sqrt{2}", True), ("(x+1)^2", "x^2+2x+1", True),
@@ -215,11 +216,11 @@ class _Worker:
         self.started, self.spawn_error = time.monotonic(), None
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-u", os.path.abspath(__file__), "--worker", str(CPU_LIMIT_S)],
+                [PYTHON, "-u", os.path.abspath(__file__), "--worker", str(CPU_LIMIT_S)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 start_new_session=True)  # no Ctrl-C tracebacks
         except OSError as e:
-            self.proc, self.spawn_error = None, f"cannot start {sys.executable}: {e}"
+            self.proc, self.spawn_error = None, f"cannot start {PYTHON}: {e}"
             return
         # not select.select: a trainer may hold > 1024 fds, beyond select's FD_SETSIZE
         self.poller = select.poll()

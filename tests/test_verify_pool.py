@@ -303,10 +303,10 @@ def test_without_math_verify_scoring_raises(monkeypatch, tmp_path):
     one-line RuntimeError that names the import error, instead of counting such answers wrong. Answers decided
     without math-verify still score."""
     python = tmp_path / "python-without-site-packages"
-    python.write_text(f"#!/bin/sh\nexec {verify_pool.sys.executable} -S \"$@\"\n")
+    python.write_text(f"#!/bin/sh\nexec {verify_pool.PYTHON} -S \"$@\"\n")
     python.chmod(0o755)
     fresh_pool(monkeypatch)
-    monkeypatch.setattr(verify_pool.sys, "executable", str(python))
+    monkeypatch.setattr(verify_pool, "PYTHON", str(python))
     try:
         assert reward.is_correct("Answer: 1/2", "0.5") is True  # exact path: no worker needed
         for call in (lambda: reward.is_correct("\\boxed{\\sqrt{12}}", "2\\sqrt{3}"),
@@ -324,13 +324,13 @@ def test_workers_that_cannot_start_raise_then_recover(monkeypatch):
     one-line RuntimeError naming it. The pool is not given up for good: once workers can start again, the same
     process judges right."""
     fresh_pool(monkeypatch)
-    executable = verify_pool.sys.executable
-    monkeypatch.setattr(verify_pool.sys, "executable", "/nonexistent/python")
+    executable = verify_pool.PYTHON
+    monkeypatch.setattr(verify_pool, "PYTHON", "/nonexistent/python")
     try:
         with pytest.raises(RuntimeError, match="cannot start /nonexistent/python.*3 times") as err:
             reward.score_batch(["\\boxed{\\sqrt{12}}"], ["2\\sqrt{3}"])
         assert "\n" not in str(err.value)
-        monkeypatch.setattr(verify_pool.sys, "executable", executable)
+        monkeypatch.setattr(verify_pool, "PYTHON", executable)
         assert judged_right()
     finally:
         close_pool()
