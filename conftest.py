@@ -4,13 +4,15 @@ tests that build FSDP2 models in this process. precision is imported first: its 
 test's first multithreaded float math (machinery/precision.py says why).
 
 `ahead`: a test whose work is a command it then reads (a torchrun pair, a vLLM probe) names that work with
-`@pytest.mark.ahead.with_args(job)` (`with_args`: a mark called on a function alone would decorate it; a test's own
-mark overrides its module's) and gets its result with `ahead.result(job)`. The marked jobs of the selected tests run
-one after another in a thread of this process from the start of the pytest run, the last test's first, while the tests
-of this process run beside them (and run the first tests' jobs themselves); the tests that read a job run last. The
-two cores work at once where a test would leave one idle. Each job runs once per pytest run, however many tests share
-it, in a folder of its own; what it raises is raised in each test that asks for it. BANDPO_TESTS_AHEAD=N runs N
-threads (1 by default); 0 runs every job where its test asks for it, in the files' order."""
+`@pytest.mark.ahead.with_args(job, cpu_s=S)` (`with_args`: a mark called on a function alone would decorate it; a
+test's own mark overrides its module's; S, the job's CPU seconds as once measured, orders the jobs) and gets its result
+with `ahead.result(job)`. The marked jobs of the selected tests run one after another in a thread of this process,
+the first as soon as its test is collected (collection keeps one core busy for ~20 s), then the costliest first,
+while the tests of this process run beside them; the tests that read a job run last, the cheapest job's first, and
+run a job not yet started themselves: the two meet at cheap jobs, and the two cores work at once to the end. Each job
+runs once per pytest run, however many tests share it, in a folder of its own; what it raises is raised in each test
+that asks for it. BANDPO_TESTS_AHEAD=N runs N threads (1 by default); 0 runs every job where its test asks for it, in
+the files' order."""
 import os
 import socket
 import threading
@@ -75,7 +77,7 @@ class Ahead:
 
     def __init__(self, jobs, tmp_path_factory, threads):
         self.tmp, self.lock, self.done = tmp_path_factory, threading.Condition(), {}
-        self.queue, self.running, self.closing = list(dict.fromkeys(jobs)), set(), False
+        self.queue, self.running, self.closing, self.costs = list(dict.fromkeys(jobs)), set(), False, {}
         self.threads = [threading.Thread(target=self._work, name=f"tests-ahead-{i}", daemon=True)
                         for i in range(threads)]
         for t in self.threads:
@@ -120,6 +122,22 @@ class Ahead:
             raise value
         return value
 
+    def add(self, job, cost=0.0):
+        """Queue `job` (collection found it), ordered by `cost`: the thread takes the costliest first."""
+        with self.lock:
+            self.costs[job] = cost
+            if job not in self.queue and job not in self.running and job not in self.done and not self.closing:
+                self.queue.append(job)
+                self.queue.sort(key=lambda j: self.costs.get(j, 0.0))  # stable
+                self.lock.notify_all()
+
+    def select(self, jobs):
+        """The queue becomes `jobs` not started yet, in that order (what collection left selected)."""
+        with self.lock:
+            if not self.closing:
+                self.queue = [j for j in jobs if j not in self.running and j not in self.done]
+                self.lock.notify_all()
+
     def close(self):
         """No job starts after this; a running one ends (its subprocesses have their own hang guards)."""
         with self.lock:
@@ -135,12 +153,66 @@ def skipped(item):
                for m in item.iter_markers())
 
 
+def ahead_cost(item):
+    """The CPU seconds of the job `item` reads (its mark's `cpu_s`: an order, not a limit; measured with
+    BANDPO_TESTS_AHEAD=0, children's CPU included, on a 2-core Zen 4 VM, 2026-12-03); -1 if none.
+    The thread runs the costliest jobs first and the tests read the cheapest first, so that the two meet at cheap
+    ones: a costly job left to the end would leave a core idle while it runs alone."""
+    mark = item.get_closest_marker("ahead")  # a test's own mark over its module's
+    return -1.0 if mark is None else float(mark.kwargs.get("cpu_s", 0.0))
+
+
+def selected_jobs(items):
+    """The jobs of `items` that will run, once each, the cheapest first (the thread takes them from the end)."""
+    ahead_items = sorted((item for item in items if not skipped(item) and ahead_cost(item) >= 0), key=ahead_cost)
+    return list(dict.fromkeys(item.get_closest_marker("ahead").args[0] for item in ahead_items))
+
+
+def will_be_selected(item, config):
+    """Whether -k and -m will keep `item`, asked as it is collected (pytest deselects after collection, with the same
+    matchers); None where pytest's matchers cannot be read."""
+    try:
+        from _pytest.mark import KeywordMatcher, MarkMatcher
+        from _pytest.mark.expression import Expression
+    except ImportError:
+        return None
+    keyword, marks = config.option.keyword.strip(), config.option.markexpr
+    return ((not keyword or Expression.compile(keyword).evaluate(KeywordMatcher.from_item(item)))
+            and (not marks or Expression.compile(marks).evaluate(MarkMatcher.from_markers(item.iter_markers()))))
+
+
+def pytest_itemcollected(item):
+    """A selected test's job is queued as its module is collected, so that the thread starts the first one while
+    pytest still imports the other modules (~20 s of one core on this project's CPUs): collection leaves the
+    second core idle otherwise. The queue is set to the run's selected tests after collection."""
+    config = item.config
+    mark = item.get_closest_marker("ahead")
+    if (mark is None or not ahead_threads() or config.option.collectonly or skipped(item)
+            or not will_be_selected(item, config)):
+        return
+    if not hasattr(config, "_bandpo_ahead"):
+        config._bandpo_ahead = Ahead([], config._tmp_path_factory, threads=ahead_threads())
+    config._bandpo_ahead.add(mark.args[0], ahead_cost(item))
+
+
+def pytest_collection_finish(session):
+    """The queue becomes the selected tests' jobs not started yet (the costliest taken first)."""
+    if hasattr(session.config, "_bandpo_ahead"):
+        session.config._bandpo_ahead.select(selected_jobs(session.items))
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "_bandpo_ahead"):  # a run that collected jobs but ran no test that reads one
+        session.config._bandpo_ahead.close()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def ahead(request, tmp_path_factory):
-    """The pytest run's Ahead, started with it: the jobs of the selected tests that will run."""
-    jobs = [m.args[0] for item in request.node.items  # the run's selected tests (the node: the whole run)
-            if not skipped(item) and (m := item.get_closest_marker("ahead"))]  # a test's own mark over its module's
-    runner = Ahead(jobs, tmp_path_factory, threads=ahead_threads())
+    """The pytest run's Ahead, started with it (or as the first job's test was collected): the jobs of the selected
+    tests that will run."""
+    runner = getattr(request.config, "_bandpo_ahead", None)
+    if runner is None:
+        runner = Ahead(selected_jobs(request.node.items), tmp_path_factory, threads=ahead_threads())
     yield runner
     runner.close()
 
@@ -151,7 +223,7 @@ def pytest_collection_modifyitems(config, items):
     import torch
 
     if ahead_threads():
-        items.sort(key=lambda item: item.get_closest_marker("ahead") is not None)  # stable: the order kept within
+        items.sort(key=ahead_cost)  # stable: the order kept within; the tests that read a job last, the cheapest first
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -80,3 +80,39 @@ def test_without_the_thread_a_job_runs_where_it_is_asked(tmp_path):
     runner = Ahead([_job], Folders(tmp_path), threads=0)
     assert runner.threads == [] and runner.result(_job) == "job0" and threads == [threading.current_thread()]
     runner.close()
+
+
+def test_jobs_added_while_collecting_then_selected(tmp_path):
+    """As collection finds them, jobs are added: the thread starts the first at once, then takes the costliest. Once
+    collection ends, the queue becomes the selected jobs not started yet: a deselected job never runs, a started one
+    is not run again."""
+    calls, started, gate = [], threading.Event(), threading.Event()
+
+    def _a(folder):
+        calls.append("a")
+        started.set()
+        gate.wait(timeout=60)
+        return "a"
+
+    def _b(folder):
+        calls.append("b")
+        return "b"
+
+    def _c(folder):  # collected, then deselected (-k, -m)
+        calls.append("c")
+        return "c"
+
+    runner = Ahead([], Folders(tmp_path), threads=1)
+    try:
+        runner.add(_a)
+        assert started.wait(timeout=60)   # started before collection ended
+        runner.add(_c, cost=5.0)
+        runner.add(_b, cost=1.0)
+        assert runner.queue == [_b, _c]   # the thread takes the costliest first (the queue's end)
+        runner.select([_a, _b])           # the selected tests' jobs, the cheapest first: `a` is running, `c` is gone
+        assert runner.queue == [_b]
+        gate.set()
+        assert runner.result(_a) == "a" and runner.result(_b) == "b"
+    finally:
+        runner.close()
+    assert sorted(calls) == ["a", "b"], calls

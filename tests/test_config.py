@@ -253,7 +253,7 @@ def _two_ranks_decide(tmp):
     return results
 
 
-@pytest.mark.ahead.with_args(_two_ranks_decide)
+@pytest.mark.ahead.with_args(_two_ranks_decide, cpu_s=11)
 def test_checkpointing_is_decided_from_the_least_free_memory_of_any_rank(ahead):
     """Two ranks, two cases in one process group. Rank 0 has 1 TiB free, rank 1 only 1 MiB (less than the tiny
     model's update needs under any recomputation): both ranks refuse, naming rank 1's memory (0.0 GiB), though rank 0

@@ -225,7 +225,7 @@ def _small_run(tmp_path):
     return cmd, done, tmp_path
 
 
-@pytest.mark.ahead.with_args(_small_run)
+@pytest.mark.ahead.with_args(_small_run, cpu_s=16)
 def test_small_run_minutes_and_resume(ahead, capsys, monkeypatch):
     """The command runs 2 branch points x 2 arms of its first seed and writes the public keys; --minutes 0.001
     (60 ms) lets no second seed start after it, and says so. --resume with more branch points keeps the finished

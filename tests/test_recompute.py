@@ -172,7 +172,7 @@ def _varlen_late(tmp):
                           env=dict(env(), PYTHONPATH=ROOT), timeout=600)  # a hang guard: one fresh interpreter
 
 
-@pytest.mark.ahead.with_args(_varlen_late)
+@pytest.mark.ahead.with_args(_varlen_late, cpu_s=5)
 def test_selective_keeps_the_varlen_attention_loaded_after_it(ahead):
     """CUDA's packed kernel, torch's varlen attention, is a custom op whose library loads with its first use, after
     the model was set to recompute. Selective recomputation still keeps its output (0 calls in the backward), as it

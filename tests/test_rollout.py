@@ -421,7 +421,7 @@ def colocated_results(ahead):
 
 @pytest.mark.smoke
 @needs_vllm
-@pytest.mark.ahead.with_args(_colocated_sync)
+@pytest.mark.ahead.with_args(_colocated_sync, cpu_s=35)
 def test_fsdp2_colocated_sync_under_torchrun(ahead):
     """Two torchrun ranks, an FSDP2-sharded trainer and one vLLM engine per rank: after sync_weights each engine
     samples the trainer's (full, gathered) weights."""
@@ -432,7 +432,7 @@ def test_fsdp2_colocated_sync_under_torchrun(ahead):
 
 @needs_vllm
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt (train.keep_freed_memory)")
-@pytest.mark.ahead.with_args(_colocated_sync)
+@pytest.mark.ahead.with_args(_colocated_sync, cpu_s=35)
 def test_vllm_cpu_kv_cache_comes_back_zeroed_under_a_kept_heap(ahead):
     """Under train.keep_freed_memory (the default on a CPU with memory to spare) a freed KV cache goes back to the
     heap, not to the system, and its re-allocation is old memory. The wake-up zeroes it, as vLLM leaves a cache at

@@ -77,7 +77,7 @@ def _import_every_script(tmp):
                           text=True, timeout=300)
 
 
-@pytest.mark.ahead.with_args(_import_every_script)
+@pytest.mark.ahead.with_args(_import_every_script, cpu_s=7)
 def test_every_script_finds_what_it_imports(ahead):
     paths = scripts()
     assert len(paths) > 30 and os.path.join(ROOT, "benchmarks", "bench_reward.py") in paths

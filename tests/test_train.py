@@ -89,7 +89,7 @@ def _two_ranks_vllm(tmp):
 
 @pytest.mark.smoke
 # hf: slow, a repeat: the HF engine's 2-rank run trains, checkpoints and exports in the resume tests below
-@pytest.mark.parametrize("engine", [pytest.param("vllm", marks=pytest.mark.ahead.with_args(_two_ranks_vllm)),
+@pytest.mark.parametrize("engine", [pytest.param("vllm", marks=pytest.mark.ahead.with_args(_two_ranks_vllm, cpu_s=48)),
                                     pytest.param("hf", marks=pytest.mark.slow)])
 def test_train_two_ranks_runs_end_to_end(engine, tmp_path, ahead):
     """`torchrun --nproc_per_node 2 train.py --method bandkl --delta 0.05` runs, logs, checkpoints and exports."""
@@ -154,7 +154,7 @@ def _one_process_bf16(tmp):
 
 
 @pytest.mark.smoke
-@pytest.mark.ahead.with_args(_one_process_bf16)
+@pytest.mark.ahead.with_args(_one_process_bf16, cpu_s=20)
 def test_python_train_py_one_process_bf16(ahead):
     """`python train.py` (no torchrun) is the same program on one process; with --train-dtype/--rollout-dtype
     bfloat16 (FSDP2 mixed precision, vLLM bf16) the run trains, and the engine-vs-trainer gap is measured on the
@@ -242,7 +242,7 @@ def _kill_and_resume(tmp):
 
 
 @pytest.mark.smoke
-@pytest.mark.ahead.with_args(_kill_and_resume)
+@pytest.mark.ahead.with_args(_kill_and_resume, cpu_s=44)
 def test_kill_and_resume_matches_uninterrupted_run(ahead):
     """SIGKILL after the step-2 checkpoint, then --resume: same steps, same data position, same metrics; with
     --keep-checkpoints 1 only the newest checkpoint is left, and the resumed run keeps that setting. The resume asks
@@ -286,7 +286,7 @@ def _one_rank_then_two(tmp):
 
 
 @pytest.mark.smoke
-@pytest.mark.ahead.with_args(_one_rank_then_two)
+@pytest.mark.ahead.with_args(_one_rank_then_two, cpu_s=32)
 def test_one_rank_checkpoint_resumes_on_two_ranks(ahead):
     """A one-rank checkpoint is written without DCP's collectives (checkpoint._alone); two ranks load it with theirs
     and reshard it: the weights they export after resuming (no step left to run) are the one-rank run's, bit for
@@ -371,7 +371,7 @@ def _bad_flags(d):
     return d, json.loads(r.stdout.splitlines()[-1]), cli
 
 
-@pytest.mark.ahead.with_args(_bad_flags)
+@pytest.mark.ahead.with_args(_bad_flags, cpu_s=14)
 @pytest.mark.parametrize("case", range(len(BAD_FLAGS)), ids=[" ".join(f) for f, _ in BAD_FLAGS])
 def test_bad_flags_exit_2_with_one_line(case, ahead):
     """Bad flags: one line naming the value on stderr, exit code 2, no run directory created. Checked through

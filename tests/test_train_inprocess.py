@@ -170,7 +170,7 @@ def _fault_probes(tmp):
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
-@pytest.mark.ahead.with_args(_fault_probes)
+@pytest.mark.ahead.with_args(_fault_probes, cpu_s=15)
 def test_keep_freed_memory_reuses_freed_blocks_without_page_faults(ahead, monkeypatch):
     """train.keep_freed_memory: blocks of 64 MiB allocated and freed over and over, as a step's logits and casts are,
     come from the heap's freed blocks once it has them, without page faults; under glibc's default every one is a

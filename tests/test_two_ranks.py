@@ -77,7 +77,7 @@ def _compiled(tmp):
     return both_world_sizes(tmp, COMPILED)
 
 
-pytestmark = pytest.mark.ahead.with_args(_scenarios)
+pytestmark = pytest.mark.ahead.with_args(_scenarios, cpu_s=53)
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +245,7 @@ def test_packed_selective_recompute_equal_one_rank_and_padded(runs):
 
 
 @pytest.mark.slow
-@pytest.mark.ahead.with_args(_compiled)
+@pytest.mark.ahead.with_args(_compiled, cpu_s=120)
 def test_packed_compiled_layers_equal_one_rank_and_padded(ahead):
     """--compile-layers changes what the backward runs, not what it computes: the packed update on 2
     ranks equals 1 rank's and the padded row micro-batches' ("budget"). Compiled layers run

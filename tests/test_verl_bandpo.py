@@ -22,7 +22,7 @@ def _verl_checks(tmp):
 
 
 @pytest.mark.smoke
-@pytest.mark.ahead.with_args(_verl_checks)
+@pytest.mark.ahead.with_args(_verl_checks, cpu_s=17)
 def test_verl_bandpo_in_verl_env(ahead):
     out = ahead.result(_verl_checks)
     if out is None:
