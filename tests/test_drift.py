@@ -216,36 +216,36 @@ def _refused(argv, capsys, monkeypatch):
 
 
 def _small_run(tmp_path):
-    """The command on 2 branch points x 2 arms of seed 0 with --minutes 0.001 -> (its command, its run, its folder)."""
+    """The command on 2 branch points x 2 arms of seed 0 with --minutes 0.001, then resumed with 3 branch points ->
+    (its command, its run, its lines before the resume, the resume's command, its folder)."""
     cmd = [sys.executable, os.path.join(ROOT, "experiments", "drift.py"), "--seeds", "0,1", "--minutes", "0.001",
            "--arms", "clip,noclip", "--probe-prompts", "4", "--probe-samples", "2", "--out", str(tmp_path),
            "--branches", "2", "--", "--prompts-per-step", "4", "--group-size", "4", "--mini-batch-prompts", "2",
            "--max-new-tokens", "8", "--train-dtype", "float32", "--rollout-dtype", "float32"]
     done = subprocess.run(cmd, check=True, cwd=ROOT, env=_shell_env(), capture_output=True, timeout=600)
-    return cmd, done, tmp_path
+    first = [json.loads(x) for x in open(tmp_path / "pairs.jsonl")]
+    resume = list(cmd)
+    resume[resume.index("--branches") + 1] = "3"
+    resume.insert(resume.index("--"), "--resume")
+    subprocess.run(resume, check=True, cwd=ROOT, env=_shell_env(), capture_output=True, timeout=600)
+    return cmd, done, first, resume, tmp_path
 
 
-@pytest.mark.ahead.with_args(_small_run, cpu_s=16)
+@pytest.mark.ahead.with_args(_small_run, cpu_s=26)
 def test_small_run_minutes_and_resume(ahead, capsys, monkeypatch):
     """The command runs 2 branch points x 2 arms of its first seed and writes the public keys; --minutes 0.001
     (60 ms) lets no second seed start after it, and says so. --resume with more branch points keeps the finished
     lines and adds only the new step. Refused before anything starts, one line each: a run that exists without
     --resume, a seed resumed with another lr, other arms or on another machine, --minutes 0; --skip-merged leaves
     out a merged seed, here all of them."""
-    cmd, done, tmp_path = ahead.result(_small_run)
-    env = _shell_env()
+    cmd, done, first, resume, tmp_path = ahead.result(_small_run)
     assert b"stopping before seed 1 to end within 0.001 minutes" in done.stderr
-    first = [json.loads(x) for x in open(tmp_path / "pairs.jsonl")]
     assert [(r["seed"], r["step"], r["arm"]) for r in first] == [(0, 0, "clip"), (0, 0, "noclip"), (0, 1, "clip"),
                                                                  (0, 1, "noclip")]
     for key in ("seed", "step", "arm", "dH_probe", "dH_probe_is", "dH_train", "kl", "cells"):
         assert all(key in r for r in first), key
-    cmd[cmd.index("--branches") + 1] = "3"
-    cut = cmd.index("--")
-    resume = cmd[:cut] + ["--resume"] + cmd[cut:]
-    code, said = _refused(cmd[2:], capsys, monkeypatch)
+    code, said = _refused([x for x in resume if x != "--resume"][2:], capsys, monkeypatch)
     assert code and "pass --resume" in said  # an existing run is not overwritten
-    subprocess.run(resume, check=True, cwd=ROOT, env=env, capture_output=True, timeout=600)
     again = [json.loads(x) for x in open(tmp_path / "pairs.jsonl")]
     assert again[:4] == first
     assert [(r["step"], r["arm"]) for r in again[4:]] == [(2, "clip"), (2, "noclip")]
