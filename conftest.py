@@ -184,7 +184,7 @@ def will_be_selected(item, config):
 def pytest_itemcollected(item):
     """A selected test's job is queued as its module is collected, so that the thread starts the first one while
     pytest still imports the other modules (~20 s of one core on this project's CPUs): collection leaves the
-    second core idle otherwise. The queue is set to the run's selected tests after collection."""
+    second core idle otherwise. The queue is set to the run's selected tests when the first test starts."""
     config = item.config
     mark = item.get_closest_marker("ahead")
     if (mark is None or not ahead_threads() or config.option.collectonly or skipped(item)
@@ -195,15 +195,9 @@ def pytest_itemcollected(item):
     config._bandpo_ahead.add(mark.args[0], ahead_cost(item))
 
 
-def pytest_collection_finish(session):
-    """The queue becomes the selected tests' jobs not started yet (the costliest taken first)."""
-    if hasattr(session.config, "_bandpo_ahead"):
-        session.config._bandpo_ahead.select(selected_jobs(session.items))
-
-
-def pytest_sessionfinish(session):
-    if hasattr(session.config, "_bandpo_ahead"):  # a run that collected jobs but ran no test that reads one
-        session.config._bandpo_ahead.close()
+def pytest_unconfigure(config):
+    if hasattr(config, "_bandpo_ahead"):  # a run that collected jobs but ran no test that reads one
+        config._bandpo_ahead.close()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -213,6 +207,8 @@ def ahead(request, tmp_path_factory):
     runner = getattr(request.config, "_bandpo_ahead", None)
     if runner is None:
         runner = Ahead(selected_jobs(request.node.items), tmp_path_factory, threads=ahead_threads())
+    else:  # the queue becomes the selected tests' jobs not started yet (the costliest taken first)
+        runner.select(selected_jobs(request.node.items))
     yield runner
     runner.close()
 
